@@ -1,0 +1,191 @@
+package lifecycle
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrTransitionNotAllowed is the sentinel every refused (state, event) pair
+// wraps. Callers map it to FAILED_PRECONDITION / INVALID_STATE_TRANSITION
+// (SPEC §3.3) with errors.Is, without caring which pair was refused; those
+// that need the pair use errors.As with *TransitionError.
+var ErrTransitionNotAllowed = errors.New("lifecycle: transition not allowed")
+
+// TransitionError says which (state, event) pair the table refuses. It
+// carries the pair rather than only a message so the RPC layer can build
+// the SPEC §3.3 text ("cluster X is in state S, which does not allow E") and
+// its ErrorInfo metadata without parsing strings.
+type TransitionError struct {
+	From  State
+	Event Event
+}
+
+// Error reads "state S does not allow E", so the message names both halves
+// of the refused pair in the words of the API.
+func (e *TransitionError) Error() string {
+	return fmt.Sprintf("state %s does not allow %s", e.From, e.Event)
+}
+
+// Unwrap returns ErrTransitionNotAllowed, so errors.Is works through any
+// amount of %w wrapping added by callers.
+func (e *TransitionError) Unwrap() error { return ErrTransitionNotAllowed }
+
+// move is a key of the transition table: one (state, event) pair.
+type move struct {
+	from  State
+	event Event
+}
+
+// transitions is the SPEC §2 table, row for row. It is the only place in
+// clusterd that says which state an event leads to (SPEC §3.9): a pair that
+// is not here is not allowed. It is written as a literal so that a reviewer
+// can check it against the spec line by line, and it is never modified
+// after init.
+var transitions = map[move]State{
+	{Created, StartRequested}:   Starting,
+	{Created, CreateFailed}:     Error,      // clusterd: orphaned create
+	{Created, DestroyRequested}: Destroying, // clusterd
+
+	{Starting, OperationSucceeded}: Running,
+	{Starting, OperationFailed}:    Alert,
+	{Starting, CreateFailed}:       Error,
+	{Starting, StopRequested}:      Stopping,
+
+	{Running, StopRequested}:       Stopping,
+	{Running, FaultsDetected}:      Alert,
+	{Running, AutoscaleRequested}:  Scaling,
+	{Running, ScaleUpRequested}:    Scaling,
+	{Running, ScaleDownRequested}:  Scaling,
+	{Running, UpgradeRequested}:    Upgrading,
+	{Running, AddNodeRequested}:    Importing,
+	{Running, RemoveNodeRequested}: RemovingNodes,
+	{Running, DestroyRequested}:    Destroying,
+
+	{Stopping, OperationSucceeded}: Stopped,
+	{Stopping, OperationFailed}:    Alert,
+
+	{Stopped, StartRequested}:   Starting,
+	{Stopped, ScaleUpRequested}: ScalingStoppedCluster,
+	{Stopped, FaultsDetected}:   Alert, // clusterd: CKS sends it but has no such transition
+	{Stopped, DestroyRequested}: Destroying,
+
+	{Scaling, OperationSucceeded}: Running,
+	{Scaling, OperationFailed}:    Alert,
+
+	{ScalingStoppedCluster, OperationSucceeded}: Stopped,
+	{ScalingStoppedCluster, OperationFailed}:    Alert,
+
+	{Upgrading, OperationSucceeded}: Running,
+	{Upgrading, OperationFailed}:    Alert,
+
+	{Importing, OperationSucceeded}: Running,
+	{Importing, OperationFailed}:    Running,
+
+	{RemovingNodes, OperationSucceeded}: Running,
+	{RemovingNodes, OperationFailed}:    Running,
+
+	{Alert, StartRequested}:      Starting,
+	{Alert, AutoscaleRequested}:  Scaling,
+	{Alert, ScaleUpRequested}:    Scaling,
+	{Alert, ScaleDownRequested}:  Scaling,
+	{Alert, StopRequested}:       Stopping,
+	{Alert, AddNodeRequested}:    Importing,
+	{Alert, RemoveNodeRequested}: RemovingNodes,
+	{Alert, RecoveryRequested}:   Recovering,
+	{Alert, DestroyRequested}:    Destroying,
+
+	{Recovering, OperationSucceeded}: Running,
+	{Recovering, OperationFailed}:    Alert,
+
+	{Error, DestroyRequested}: Destroying,
+
+	{Destroying, OperationSucceeded}: Destroyed,
+}
+
+// Next is the transition function of SPEC §2: the state that event e moves
+// a cluster in state from to. Handlers, workers and the scanner all call it
+// (SPEC §3.9) so no caller compares states to decide a move on its own.
+//
+// A pair the table does not list returns (from, *TransitionError): the
+// unchanged state, so a caller that ignores the error still cannot write a
+// made-up state, and an error that says which pair was refused.
+func Next(from State, e Event) (State, error) {
+	if to, ok := transitions[move{from, e}]; ok {
+		return to, nil
+	}
+	return from, &TransitionError{From: from, Event: e}
+}
+
+// inPlace lists the requests that SPEC §3.4 lets go ahead without a state
+// change, as in the CKS model: start from ERROR (so a failed create that
+// fails to start again stays ERROR, not ALERT), stop from CREATED or ERROR,
+// and destroy from DESTROYING (a retried destroy, also used by the scanner
+// and the garbage collector). They are kept apart from the transition table
+// because they are not transitions: Next must still refuse them, so an
+// operation's end event can never be confused with a request that was let
+// through.
+var inPlace = map[move]bool{
+	{Error, StartRequested}:        true,
+	{Created, StopRequested}:       true,
+	{Error, StopRequested}:         true,
+	{Destroying, DestroyRequested}: true,
+}
+
+// InPlace reports whether request e may go ahead on a cluster in state from
+// without changing its state (SPEC §3.4). The operation still claims the
+// cluster as its current operation, so two of them never run at once; only
+// the state stays put.
+func InPlace(from State, e Event) bool { return inPlace[move{from, e}] }
+
+// Admit decides what a request does to a cluster in state from, and is what
+// RPC handlers (and the scanner's retried destroy) ask before claiming.
+//
+// It exists beside Next because a request has one more way to be accepted
+// than a transition: the in-place operations of SPEC §3.4, modelled on CKS,
+// where start from ERROR, stop from CREATED or ERROR and destroy from
+// DESTROYING run without a state change. Folding those into Next as
+// self-loops would let an operation's OperationSucceeded/OperationFailed
+// logic, or the scanner, treat them as moves; keeping Next strict and adding
+// them here keeps both questions answered by data in one place.
+//
+// It returns Next's target when the table allows the pair, (from, nil) when
+// the request goes ahead in place, and (from, *TransitionError) otherwise.
+func Admit(from State, e Event) (State, error) {
+	to, err := Next(from, e)
+	if err == nil {
+		return to, nil
+	}
+	if InPlace(from, e) {
+		return from, nil
+	}
+	return from, err
+}
+
+// orphanEvents is the event that ends an orphaned operation found in each
+// state (SPEC §5 step 1). It is data, not a switch in the scanner, so that
+// recovery goes through the same table as everything else: an operation
+// state ends with OperationFailed (-> ALERT, or RUNNING for IMPORTING and
+// REMOVING_NODES), an unheld CREATED cluster whose create job died ends with
+// CreateFailed (-> ERROR), and DESTROYING is destroyed again in place, since
+// destroy is retried rather than failed.
+var orphanEvents = map[State]Event{
+	Starting:              OperationFailed,
+	Stopping:              OperationFailed,
+	Scaling:               OperationFailed,
+	ScalingStoppedCluster: OperationFailed,
+	Upgrading:             OperationFailed,
+	Recovering:            OperationFailed,
+	Importing:             OperationFailed,
+	RemovingNodes:         OperationFailed,
+	Created:               CreateFailed,
+	Destroying:            DestroyRequested,
+}
+
+// OrphanEvent is the event the scanner sends to end an orphaned operation
+// found in state s (SPEC §5 step 1); the scanner then passes it to Admit
+// and CASes the result like any other write. ok is false for states that no
+// operation holds, which recovery must leave alone.
+func OrphanEvent(s State) (e Event, ok bool) {
+	e, ok = orphanEvents[s]
+	return e, ok
+}
