@@ -1,0 +1,102 @@
+package repository
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/clusterd/clusterd/lifecycle"
+)
+
+// Sentinel errors let callers decide what a failed write means without
+// parsing messages: a lost race is retried or refused, a missing row is
+// NOT_FOUND, an unreachable database is UNAVAILABLE.
+var (
+	// ErrNotFound: the row does not exist (or the cluster is destroyed).
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: a compare-and-set missed because someone else moved the row
+	// first. Nothing was written. Use errors.As with *ConflictError for details.
+	ErrConflict = errors.New("concurrent modification")
+	// ErrAlreadyExists: a unique key (display name, request id) is taken.
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrUnavailable: the database did not answer; the write may or may not
+	// have happened, so callers must re-read before acting on it.
+	ErrUnavailable = errors.New("database unavailable")
+)
+
+// ConflictError says what a compare-and-set expected and what it found, so
+// the caller can tell a user which operation took the cluster. Found is the
+// zero Expect when the row could not be re-read (for example after a MySQL
+// deadlock, which is reported as a lost race too).
+type ConflictError struct {
+	ClusterID string
+	Want      Expect
+	Got       Expect
+}
+
+// Error names both sides of the lost race.
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("cluster %s changed concurrently: expected %s, found %s", e.ClusterID, e.Want, e.Got)
+}
+
+// Unwrap makes errors.Is(err, ErrConflict) true.
+func (e *ConflictError) Unwrap() error { return ErrConflict }
+
+// Expect is what a writer read and conditions its write on (SPEC §3.1): the
+// state, the version counter and the operation holding the cluster.
+type Expect struct {
+	State     lifecycle.State
+	Version   int64
+	Operation string
+}
+
+// String prints an Expect for error messages and logs.
+func (e Expect) String() string {
+	op := e.Operation
+	if op == "" {
+		op = "none"
+	}
+	return fmt.Sprintf("%s@v%d (operation %s)", e.State, e.Version, op)
+}
+
+// MySQL error numbers that mean "another writer won": a deadlock (1213, which
+// Galera also returns at COMMIT for a certification failure) or a lock wait
+// timeout (1205). A state write that hits them did not happen.
+const (
+	mysqlLockWaitTimeout = 1205
+	mysqlDeadlock        = 1213
+	mysqlDuplicateKey    = 1062
+)
+
+// classify turns driver errors into the package's sentinels so that no caller
+// ever sees a driver type. Errors it does not know are returned unchanged.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var my *mysql.MySQLError
+	if errors.As(err, &my) {
+		switch my.Number {
+		case mysqlDeadlock, mysqlLockWaitTimeout:
+			return fmt.Errorf("%w: %w", ErrConflict, err)
+		case mysqlDuplicateKey:
+			return fmt.Errorf("%w: %w", ErrAlreadyExists, err)
+		}
+		return err
+	}
+	if isSQLiteUnique(err) {
+		return fmt.Errorf("%w: %w", ErrAlreadyExists, err)
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	var netErr net.Error
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) || errors.As(err, &netErr) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}

@@ -1,0 +1,230 @@
+package repository
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// ErrNotHeld: a job ended, but the cluster was no longer held by it (someone
+// else took it since), so the cluster was left alone (SPEC §3.5). The job's
+// own row was written.
+var ErrNotHeld = errors.New("operation no longer holds the cluster")
+
+func newJobRow(nj NewJob, clusterID string, now time.Time) jobRow {
+	return jobRow{
+		ID:                nj.ID,
+		Kind:              nj.Kind,
+		ResourceID:        nullable(clusterID),
+		ServerID:          nj.ServerID,
+		ServerIncarnation: nj.ServerIncarnation,
+		Status:            string(JobInProgress),
+		RequestID:         nullable(nj.RequestID),
+		Params:            nj.Params,
+		StepsTotal:        nj.StepsTotal,
+		Deadline:          nj.Deadline.UTC().Truncate(time.Microsecond),
+		CreateTime:        now,
+		UpdateTime:        now,
+	}
+}
+
+// GetJob reads one job.
+func (s *Store) GetJob(ctx context.Context, id string) (Job, error) {
+	var row jobRow
+	err := s.db.WithContext(ctx).Where("id = ?", id).Take(&row).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Job{}, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Job{}, fmt.Errorf("get job %s: %w", id, classify(err))
+	}
+	return row.toJob(), nil
+}
+
+// GetJobByRequestID finds the job a request id (AIP-155) created, so a retried
+// request returns the same operation.
+func (s *Store) GetJobByRequestID(ctx context.Context, requestID string) (Job, error) {
+	var row jobRow
+	err := s.db.WithContext(ctx).Where("request_id = ?", requestID).Take(&row).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Job{}, fmt.Errorf("job with request id %q: %w", requestID, ErrNotFound)
+	}
+	if err != nil {
+		return Job{}, fmt.Errorf("get job by request id %q: %w", requestID, classify(err))
+	}
+	return row.toJob(), nil
+}
+
+// JobQuery selects a page of jobs in creation order.
+type JobQuery struct {
+	// ResourceID keeps only one cluster's jobs.
+	ResourceID string
+	// Done keeps only finished (true) or running (false) jobs.
+	Done *bool
+	// After is the id of the last job of the previous page.
+	After string
+	// Limit is the page size; it must be positive.
+	Limit int
+}
+
+// ListJobs returns up to q.Limit jobs after q.After.
+func (s *Store) ListJobs(ctx context.Context, q JobQuery) ([]Job, error) {
+	if q.Limit <= 0 {
+		return nil, fmt.Errorf("list jobs: limit %d must be positive", q.Limit)
+	}
+	db := s.db.WithContext(ctx).Model(&jobRow{})
+	if q.ResourceID != "" {
+		db = db.Where("resource_id = ?", q.ResourceID)
+	}
+	if q.Done != nil {
+		if *q.Done {
+			db = db.Where("status <> ?", string(JobInProgress))
+		} else {
+			db = db.Where("status = ?", string(JobInProgress))
+		}
+	}
+	if q.After != "" {
+		db = db.Where("id > ?", q.After)
+	}
+	var rows []jobRow
+	if err := db.Order("id").Limit(q.Limit).Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("list jobs: %w", classify(err))
+	}
+	out := make([]Job, len(rows))
+	for i := range rows {
+		out[i] = rows[i].toJob()
+	}
+	return out, nil
+}
+
+// Progress is where a running job is.
+type Progress struct {
+	Step       string
+	StepsDone  int32
+	StepsTotal int32
+}
+
+// RecordProgress stores a running job's step and returns the job as stored,
+// so the runner learns in the same round trip whether a cancellation was
+// requested (possibly through another server). A job that is no longer
+// IN_PROGRESS (recovery failed it) is a *JobConflictError: its work must stop.
+func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (Job, error) {
+	res := s.db.WithContext(ctx).Model(&jobRow{}).
+		Where("id = ? AND status = ?", jobID, string(JobInProgress)).
+		Updates(map[string]any{
+			"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
+			"update_time": s.stamp(),
+		})
+	if res.Error != nil {
+		return Job{}, fmt.Errorf("record progress of job %s: %w", jobID, classify(res.Error))
+	}
+	job, err := s.GetJob(ctx, jobID)
+	if err != nil {
+		return Job{}, err
+	}
+	if res.RowsAffected != 1 {
+		return job, &JobConflictError{JobID: jobID, Status: job.Status}
+	}
+	return job, nil
+}
+
+// JobConflictError says a job write expected IN_PROGRESS but found the job
+// already ended (by its runner or by recovery).
+type JobConflictError struct {
+	JobID  string
+	Status JobStatus
+}
+
+// Error names the status the job already has.
+func (e *JobConflictError) Error() string {
+	return fmt.Sprintf("job %s already ended: %s", e.JobID, e.Status)
+}
+
+// Unwrap makes errors.Is(err, ErrConflict) true.
+func (e *JobConflictError) Unwrap() error { return ErrConflict }
+
+// RequestCancel marks a running job for cooperative cancellation (its runner
+// stops at the next step). Cancelling a finished job changes nothing and is
+// not an error; the job is returned as stored either way.
+func (s *Store) RequestCancel(ctx context.Context, jobID string) (Job, error) {
+	res := s.db.WithContext(ctx).Model(&jobRow{}).
+		Where("id = ? AND status = ?", jobID, string(JobInProgress)).
+		Updates(map[string]any{"cancel_requested": true, "update_time": s.stamp()})
+	if res.Error != nil {
+		return Job{}, fmt.Errorf("cancel job %s: %w", jobID, classify(res.Error))
+	}
+	return s.GetJob(ctx, jobID)
+}
+
+// Finish is how a job ends.
+type Finish struct {
+	JobID  string
+	Status JobStatus
+	Result string
+	Error  string
+	// Release, when set, moves the cluster the job holds (its Operation is
+	// forced to empty: the job lets go). It applies only while the job still
+	// holds the cluster; otherwise the job still ends and FinishJob returns
+	// ErrNotHeld.
+	Release *Transition
+}
+
+// FinishJob ends an IN_PROGRESS job and, in the same transaction, releases the
+// cluster it holds. A job that already ended is a *JobConflictError and
+// nothing is written.
+func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
+	if !f.Status.Done() {
+		return Job{}, fmt.Errorf("finish job %s: status %s is not final", f.JobID, f.Status)
+	}
+	notHeld := false
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// Cluster first, then job: the same lock order as Claim, so the two
+		// never deadlock each other on MySQL.
+		if f.Release != nil {
+			t := *f.Release
+			t.Operation = ""
+			if t.Expect.Operation != f.JobID {
+				notHeld = true
+			} else if _, err := s.casCluster(tx, t); errors.Is(err, errMissed) {
+				notHeld = true
+			} else if err != nil {
+				return err
+			}
+		}
+		now := s.stamp()
+		res := tx.Model(&jobRow{}).
+			Where("id = ? AND status = ?", f.JobID, string(JobInProgress)).
+			Updates(map[string]any{
+				"status": string(f.Status), "result": f.Result, "error": f.Error,
+				"end_time": now, "update_time": now,
+			})
+		if res.Error != nil {
+			return fmt.Errorf("update job: %w", classify(res.Error))
+		}
+		if res.RowsAffected != 1 {
+			return errMissed
+		}
+		return nil
+	})
+	if errors.Is(err, errMissed) {
+		job, gerr := s.GetJob(ctx, f.JobID)
+		if gerr != nil {
+			return Job{}, gerr
+		}
+		return job, &JobConflictError{JobID: f.JobID, Status: job.Status}
+	}
+	if err != nil {
+		return Job{}, fmt.Errorf("finish job %s: %w", f.JobID, err)
+	}
+	job, err := s.GetJob(ctx, f.JobID)
+	if err != nil {
+		return Job{}, err
+	}
+	if notHeld {
+		return job, fmt.Errorf("job %s ended %s, cluster %s left alone: %w", f.JobID, f.Status, f.Release.ClusterID, ErrNotHeld)
+	}
+	return job, nil
+}

@@ -1,0 +1,282 @@
+package repository
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/clusterd/clusterd/lifecycle"
+)
+
+// Cluster is a cluster as stored: the lifecycle state with the version
+// counter that every write bumps, the operation holding it, and its spec.
+type Cluster struct {
+	ID               string
+	Account          string
+	DisplayName      string
+	Description      string
+	State            lifecycle.State
+	Version          int64
+	CurrentOperation string
+	Spec             Spec
+	Endpoint         string
+	CreateTime       time.Time
+	UpdateTime       time.Time
+	// DeleteTime is set once the cluster is DESTROYED.
+	DeleteTime *time.Time
+}
+
+// Expect returns what a writer that read c conditions its next write on.
+func (c Cluster) Expect() Expect {
+	return Expect{State: c.State, Version: c.Version, Operation: c.CurrentOperation}
+}
+
+// Spec is the desired shape of a cluster, which operations change.
+type Spec struct {
+	KubernetesVersion string
+	ControlNodeCount  int32
+	WorkerNodeCount   int32
+	ServiceOffering   string
+	Autoscaling       Autoscaling
+}
+
+// Autoscaling is the cluster autoscaler's settings.
+type Autoscaling struct {
+	Enabled bool
+	MinSize int32
+	MaxSize int32
+}
+
+// JobStatus is where a job is in its life. Only IN_PROGRESS jobs hold
+// clusters; the others are history.
+type JobStatus string
+
+// Job statuses (SPEC §4).
+const (
+	JobInProgress JobStatus = "IN_PROGRESS"
+	JobSucceeded  JobStatus = "SUCCEEDED"
+	JobFailed     JobStatus = "FAILED"
+	JobCancelled  JobStatus = "CANCELLED"
+)
+
+// Done reports whether the status is final.
+func (s JobStatus) Done() bool { return s != JobInProgress }
+
+// Job is one asynchronous operation: what it does, the cluster it acts on,
+// the server that runs it, and how far it got.
+type Job struct {
+	ID   string
+	Kind string
+	// ResourceID is the cluster the job acts on; empty in rows written by
+	// servers that predate the column (SPEC §4, mixed versions).
+	ResourceID        string
+	ServerID          string
+	ServerIncarnation string
+	Status            JobStatus
+	// RequestID is the client's idempotency key (AIP-155), empty if none.
+	RequestID string
+	// Params, Result and Error are opaque to the repository (JSON written by
+	// the service).
+	Params          string
+	Result          string
+	Error           string
+	Step            string
+	StepsDone       int32
+	StepsTotal      int32
+	CancelRequested bool
+	Deadline        time.Time
+	CreateTime      time.Time
+	UpdateTime      time.Time
+	EndTime         *time.Time
+}
+
+// Event is one entry of a cluster's history.
+type Event struct {
+	ID        int64
+	ClusterID string
+	Time      time.Time
+	From      lifecycle.State
+	// Name is the lifecycle event (e.g. SCALE_UP_REQUESTED), or a history-only
+	// kind such as OPERATION_ENDED.
+	Name      string
+	To        lifecycle.State
+	Operation string
+	Server    string
+	Message   string
+}
+
+// OperationEnded is the history entry of an operation that ends without a
+// state change (SPEC §3.4): it only releases the cluster.
+const OperationEnded = "OPERATION_ENDED"
+
+// Server is one clusterd process as its peers see it.
+type Server struct {
+	ID            string
+	Incarnation   string
+	StartTime     time.Time
+	HeartbeatTime time.Time
+}
+
+// clusterRow, jobRow, eventRow and serverRow are the GORM mappings. They stay
+// unexported so that no GORM type leaks out of this package.
+type clusterRow struct {
+	ID                 string `gorm:"primaryKey"`
+	Account            string
+	DisplayName        string
+	Alive              *int
+	Description        string
+	State              string
+	Version            int64
+	CurrentOperation   string
+	KubernetesVersion  string
+	ControlNodeCount   int32
+	WorkerNodeCount    int32
+	ServiceOffering    string
+	AutoscalingEnabled bool
+	AutoscalingMin     int32
+	AutoscalingMax     int32
+	Endpoint           string
+	CreateTime         time.Time
+	UpdateTime         time.Time
+	DeleteTime         *time.Time
+}
+
+func (clusterRow) TableName() string { return "clusters" }
+
+type jobRow struct {
+	ID                string `gorm:"primaryKey"`
+	Kind              string
+	ResourceID        *string
+	ServerID          string
+	ServerIncarnation string
+	Status            string
+	RequestID         *string
+	Params            string
+	Result            string
+	Error             string
+	Step              string
+	StepsDone         int32
+	StepsTotal        int32
+	CancelRequested   bool
+	Deadline          time.Time
+	CreateTime        time.Time
+	UpdateTime        time.Time
+	EndTime           *time.Time
+}
+
+func (jobRow) TableName() string { return "jobs" }
+
+type eventRow struct {
+	ID        int64 `gorm:"primaryKey;autoIncrement"`
+	ClusterID string
+	Time      time.Time
+	FromState string
+	Event     string
+	ToState   string
+	Operation string
+	Server    string
+	Message   string
+}
+
+func (eventRow) TableName() string { return "cluster_events" }
+
+type serverRow struct {
+	ID            string `gorm:"primaryKey"`
+	Incarnation   string
+	StartTime     time.Time
+	HeartbeatTime time.Time
+}
+
+func (serverRow) TableName() string { return "servers" }
+
+func (r *clusterRow) toCluster() (Cluster, error) {
+	st, err := lifecycle.ParseState(r.State)
+	if err != nil {
+		return Cluster{}, fmt.Errorf("cluster %s: stored state: %w", r.ID, err)
+	}
+	return Cluster{
+		ID:               r.ID,
+		Account:          r.Account,
+		DisplayName:      r.DisplayName,
+		Description:      r.Description,
+		State:            st,
+		Version:          r.Version,
+		CurrentOperation: r.CurrentOperation,
+		Spec: Spec{
+			KubernetesVersion: r.KubernetesVersion,
+			ControlNodeCount:  r.ControlNodeCount,
+			WorkerNodeCount:   r.WorkerNodeCount,
+			ServiceOffering:   r.ServiceOffering,
+			Autoscaling: Autoscaling{
+				Enabled: r.AutoscalingEnabled,
+				MinSize: r.AutoscalingMin,
+				MaxSize: r.AutoscalingMax,
+			},
+		},
+		Endpoint:   r.Endpoint,
+		CreateTime: r.CreateTime.UTC(),
+		UpdateTime: r.UpdateTime.UTC(),
+		DeleteTime: utcPtr(r.DeleteTime),
+	}, nil
+}
+
+func (r *jobRow) toJob() Job {
+	return Job{
+		ID:                r.ID,
+		Kind:              r.Kind,
+		ResourceID:        deref(r.ResourceID),
+		ServerID:          r.ServerID,
+		ServerIncarnation: r.ServerIncarnation,
+		Status:            JobStatus(r.Status),
+		RequestID:         deref(r.RequestID),
+		Params:            r.Params,
+		Result:            r.Result,
+		Error:             r.Error,
+		Step:              r.Step,
+		StepsDone:         r.StepsDone,
+		StepsTotal:        r.StepsTotal,
+		CancelRequested:   r.CancelRequested,
+		Deadline:          r.Deadline.UTC(),
+		CreateTime:        r.CreateTime.UTC(),
+		UpdateTime:        r.UpdateTime.UTC(),
+		EndTime:           utcPtr(r.EndTime),
+	}
+}
+
+func (r *eventRow) toEvent() Event {
+	from, _ := lifecycle.ParseState(r.FromState)
+	to, _ := lifecycle.ParseState(r.ToState)
+	return Event{
+		ID:        r.ID,
+		ClusterID: r.ClusterID,
+		Time:      r.Time.UTC(),
+		From:      from,
+		Name:      r.Event,
+		To:        to,
+		Operation: r.Operation,
+		Server:    r.Server,
+		Message:   r.Message,
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// nullable stores "" as NULL, so unique indexes ignore absent keys.
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
