@@ -60,7 +60,8 @@ type Transition struct {
 	// releases the cluster.
 	Operation string
 	Changes   Changes
-	// Server and Message go to the cluster's history.
+	// Server (default: the Store's WithServerID) and Message go to the
+	// cluster's history.
 	Server  string
 	Message string
 }
@@ -296,9 +297,13 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (clusterRow, error) {
 	if op == "" {
 		op = t.Expect.Operation
 	}
+	server := t.Server
+	if server == "" {
+		server = s.server
+	}
 	ev := eventRow{
 		ClusterID: t.ClusterID, Time: now, FromState: t.Expect.State.String(), Event: name,
-		ToState: to.String(), Operation: op, Server: t.Server, Message: t.Message,
+		ToState: to.String(), Operation: op, Server: server, Message: t.Message,
 	}
 	if err := tx.Create(&ev).Error; err != nil {
 		return clusterRow{}, fmt.Errorf("insert event for cluster %s: %w", t.ClusterID, classify(err))

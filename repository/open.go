@@ -35,6 +35,7 @@ type Store struct {
 	sqlDB   *sql.DB
 	backend Backend
 	now     func() time.Time
+	server  string
 }
 
 // Option changes how Open builds a Store.
@@ -44,6 +45,12 @@ type Option func(*Store)
 // so tests can control time without sleeping.
 func WithClock(now func() time.Time) Option {
 	return func(s *Store) { s.now = now }
+}
+
+// WithServerID names the server process using the Store; history entries
+// it writes record it unless a Transition names another.
+func WithServerID(id string) Option {
+	return func(s *Store) { s.server = id }
 }
 
 // Open connects to the database named by dsn, runs the schema migrations and

@@ -1,0 +1,82 @@
+// Command clusterd runs the cluster lifecycle service. It only turns flags
+// (each with a CLUSTERD_* environment twin) into a server.Config and calls
+// server.Run; SIGINT or SIGTERM stops it gracefully.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/clusterd/clusterd/server"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Getenv, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "clusterd:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, level, err := parse(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return server.Run(ctx, cfg)
+}
+
+// parse reads flags; a flag not given on the command line takes its
+// CLUSTERD_* environment twin (--grpc-addr <- CLUSTERD_GRPC_ADDR), then its default.
+func parse(args []string, getenv func(string) string, stderr io.Writer) (server.Config, slog.Level, error) {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "clusterd"
+	}
+	var cfg server.Config
+	var level slog.Level
+	fs := flag.NewFlagSet("clusterd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Database, "database", "sqlite:clusterd.db", "database: sqlite:<path> or mysql://user:pass@host:port/db")
+	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:9090", "gRPC listen address")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8080", "REST gateway listen address (also /healthz and /openapi.json)")
+	fs.StringVar(&cfg.ServerID, "server-id", host, "this server's id among its peers")
+	fs.StringVar(&cfg.Infra, "infra", "sim", "infrastructure driver (sim)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 0, "how long graceful shutdown may take (default 15s)")
+	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: clusterd [flags]\n\nEvery flag can also be set as CLUSTERD_<FLAG> (e.g. CLUSTERD_GRPC_ADDR).")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, level, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, level, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "CLUSTERD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(env); v != "" && !given[f.Name] && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
+			}
+		}
+	})
+	return cfg, level, envErr
+}

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+)
+
+func TestFlagsAndEnvironmentTwins(t *testing.T) {
+	env := map[string]string{
+		"CLUSTERD_DATABASE":  "mysql://u:p@127.0.0.1:3306/db",
+		"CLUSTERD_GRPC_ADDR": "0.0.0.0:1",
+		"CLUSTERD_LOG_LEVEL": "DEBUG",
+	}
+	cfg, level, err := parse([]string{"--grpc-addr", "127.0.0.1:7000", "--server-id", "s9"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Database != env["CLUSTERD_DATABASE"] {
+		t.Errorf("database = %q; want the environment's", cfg.Database)
+	}
+	if cfg.GRPCAddr != "127.0.0.1:7000" {
+		t.Errorf("grpc addr = %q; the command line must win over the environment", cfg.GRPCAddr)
+	}
+	if cfg.HTTPAddr != "127.0.0.1:8080" || cfg.Infra != "sim" || cfg.ServerID != "s9" || level != slog.LevelDebug {
+		t.Errorf("cfg = %+v, level %v", cfg, level)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, _, err := parse(nil, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Database != "sqlite:clusterd.db" || cfg.GRPCAddr != "127.0.0.1:9090" || cfg.HTTPAddr != "127.0.0.1:8080" || cfg.ServerID == "" {
+		t.Errorf("defaults = %+v", cfg)
+	}
+}
+
+func TestBadInputIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"--no-such-flag"}, nil},
+		{[]string{"stray"}, nil},
+		{nil, map[string]string{"CLUSTERD_LOG_LEVEL": "LOUD"}},
+		{nil, map[string]string{"CLUSTERD_SHUTDOWN_TIMEOUT": "soon"}},
+	} {
+		if _, _, err := parse(tc.args, func(k string) string { return tc.env[k] }, io.Discard); err == nil {
+			t.Errorf("parse(%v, %v) accepted bad input", tc.args, tc.env)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/clusterd/clusterd/repository"
+)
+
+// panicError is what a panic in Task.Run becomes.
+type panicError struct{ value any }
+
+func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
+
+// ending is how a job that did not succeed ends: its status, its error as a
+// google.rpc.Status, and the cause given to Task.Release.
+type ending struct {
+	status repository.JobStatus
+	rpc    *spb.Status
+	cause  error
+}
+
+// classify decides how a job whose Run returned err ends. The order matters:
+// the job's own word (cancelled, panicked) comes before the state of its
+// context, which explains any other error returned once the context is done.
+func classify(jobCtx context.Context, deadline time.Time, err error) ending {
+	var pe *panicError
+	switch {
+	case errors.Is(err, ErrCancelled):
+		return ending{repository.JobCancelled, &spb.Status{Code: int32(codes.Canceled), Message: ErrCancelled.Error()}, err}
+	case errors.As(err, &pe):
+		return ending{repository.JobFailed, &spb.Status{Code: int32(codes.Internal), Message: "internal error: " + pe.Error()}, err}
+	case errors.Is(jobCtx.Err(), context.DeadlineExceeded),
+		errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(deadline):
+		return ending{repository.JobFailed, &spb.Status{Code: int32(codes.DeadlineExceeded), Message: ErrDeadline.Error()}, ErrDeadline}
+	case jobCtx.Err() != nil:
+		// The job's context has no other canceller than Shutdown.
+		return ending{repository.JobFailed, &spb.Status{Code: int32(codes.Unavailable), Message: ErrShutdown.Error()}, ErrShutdown}
+	}
+	if st, ok := status.FromError(err); ok {
+		// Keep the code and the details (e.g. a google.rpc.ErrorInfo) the
+		// work chose; the message is the status's own when err is the status,
+		// or err.Error() when err wraps it.
+		return ending{repository.JobFailed, st.Proto(), err}
+	}
+	return ending{repository.JobFailed, &spb.Status{Code: int32(codes.Unknown), Message: err.Error()}, err}
+}
+
+// finish is the one place a job ends. It writes the job's end and the
+// cluster's release in one FinishJob, on a context that survives the job's
+// cancellation, and returns the final row and whether this runner wrote it.
+func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Progress, out Outcome, runErr error) (repository.Job, bool) {
+	if errors.Is(runErr, ErrJobEnded) {
+		log.Debug("job ended elsewhere; not finishing it again", "err", runErr)
+		return repository.Job{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(jobCtx), r.finishTimeout)
+	defer cancel()
+
+	f := repository.Finish{JobID: t.Job.ID}
+	if runErr == nil {
+		f.Status, f.Result, f.Release = repository.JobSucceeded, out.Result, out.Release
+		// Steps done counts finished steps; the last one finished with Run.
+		if rec, ok := p.final(); ok {
+			var ended *repository.JobConflictError
+			if _, err := r.store.RecordProgress(ctx, t.Job.ID, rec); errors.As(err, &ended) {
+				log.Debug("job ended elsewhere before its success was written", "err", err)
+				return repository.Job{}, false
+			} else if err != nil {
+				log.Warn("record final progress", "err", err)
+			}
+		}
+	} else {
+		e := classify(jobCtx, t.Job.Deadline, runErr)
+		f.Status, f.Error = e.status, encodeStatus(e.rpc)
+		f.Release = r.release(ctx, log, t, e.cause)
+		log.Info("job did not succeed", "status", e.status, "code", codes.Code(e.rpc.Code), "err", runErr)
+	}
+
+	job, err := r.store.FinishJob(ctx, f)
+	var ended *repository.JobConflictError
+	if errors.Is(err, repository.ErrConflict) && !errors.As(err, &ended) {
+		// A MySQL deadlock or lock wait timeout: nothing was written. Once more.
+		log.Info("finish job lost a race; retrying once", "err", err)
+		job, err = r.store.FinishJob(ctx, f)
+	}
+	switch {
+	case err == nil:
+		log.Info("job ended", "status", job.Status)
+		return job, true
+	case errors.Is(err, repository.ErrNotHeld):
+		log.Info("job ended; its cluster was taken since and left alone", "status", job.Status, "err", err)
+		return job, true
+	case errors.As(err, &ended):
+		log.Debug("job ended elsewhere; not finishing it again", "err", err)
+		return repository.Job{}, false
+	default:
+		// The job may stay IN_PROGRESS, owned by this live server, holding its
+		// cluster: recovery (SPEC §5) fails only dead servers' jobs, so it is
+		// logged as an error for an operator.
+		log.Error("finish job", "status", f.Status, "err", err)
+		return repository.Job{}, false
+	}
+}
+
+// release asks the task how the cluster moves after a failure. A Release that
+// fails or panics leaves the cluster alone: the job still ends, and orphan
+// recovery fails the operation that the cluster still names.
+func (r *Runner) release(ctx context.Context, log *slog.Logger, t Task, cause error) (tr *repository.Transition) {
+	if t.Release == nil {
+		return nil
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			log.Error("job release panicked; leaving the cluster to recovery", "panic", v, "stack", string(debug.Stack()))
+			tr = nil
+		}
+	}()
+	tr, err := t.Release(ctx, cause)
+	if err != nil {
+		log.Error("job release failed; leaving the cluster to recovery", "err", err)
+		return nil
+	}
+	return tr
+}
+
+// encodeStatus is the job row's Error: protojson of a google.rpc.Status (see
+// the package doc).
+func encodeStatus(st *spb.Status) string {
+	b, err := protojson.Marshal(st)
+	if err != nil {
+		// Only details whose type is not linked in can fail; drop them.
+		b, err = protojson.Marshal(&spb.Status{Code: st.GetCode(), Message: st.GetMessage()})
+		if err != nil {
+			return fmt.Sprintf(`{"code":%d}`, st.GetCode())
+		}
+	}
+	return string(b)
+}

@@ -1,0 +1,83 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/clusterd/clusterd/repository"
+)
+
+// Progress is a running job's handle on its own row. Cancellation is a flag
+// on that row rather than a context cancel because CancelOperation may be
+// served by another server than the one running the job; the job learns of
+// it when it records its next step, in the same round trip, and stops between
+// steps, never in the middle of one (a half-done infrastructure step is worse
+// than a finished one). It is safe for concurrent use.
+type Progress struct {
+	store Store
+	jobID string
+
+	mu      sync.Mutex
+	step    string // the step started last
+	started int32  // steps started so far
+	total   int32
+}
+
+// Step records that the job starts step name (e.g. "power_on"): the previous
+// step is done, so steps done becomes the number of steps started before
+// this one, and the step, steps done and total are written to the job row.
+// It returns
+//
+//   - ErrCancelled if the job has CancelRequested (SPEC §4): stop and return
+//     it; the job ends CANCELLED;
+//   - an error wrapping ErrJobEnded (and the store's error) if the job is no
+//     longer IN_PROGRESS: recovery ended it, so stop; the runner writes
+//     nothing more;
+//   - an error wrapping ctx's error if ctx is done (deadline or shutdown);
+//   - any other error when the row could not be written (the database did
+//     not answer): stop, since neither cancellation nor recovery can be seen.
+func (p *Progress) Step(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("job %s: before step %s: %w", p.jobID, name, err)
+	}
+	p.mu.Lock()
+	rec := repository.Progress{Step: name, StepsDone: p.started, StepsTotal: p.total}
+	p.started++
+	p.step = name
+	p.mu.Unlock()
+
+	job, err := p.store.RecordProgress(ctx, p.jobID, rec)
+	var ended *repository.JobConflictError
+	switch {
+	case errors.As(err, &ended):
+		return fmt.Errorf("job %s: step %s: %w: %w", p.jobID, name, ErrJobEnded, err)
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("job %s: step %s: %w", p.jobID, name, ctx.Err())
+	case err != nil:
+		return fmt.Errorf("job %s: step %s: %w", p.jobID, name, err)
+	case job.Status.Done():
+		return fmt.Errorf("job %s: step %s: %w (status %s)", p.jobID, name, ErrJobEnded, job.Status)
+	case job.CancelRequested:
+		return fmt.Errorf("job %s: at step %s: %w", p.jobID, name, ErrCancelled)
+	}
+	return nil
+}
+
+// SetTotal sets the expected number of steps, for clients showing progress.
+// It is written with the next Step (or the job's last progress write), so it
+// costs no round trip of its own.
+func (p *Progress) SetTotal(n int32) {
+	p.mu.Lock()
+	p.total = n
+	p.mu.Unlock()
+}
+
+// final is the progress of a job whose work succeeded: every step started is
+// done. ok is false when Run never called Step.
+func (p *Progress) final() (rec repository.Progress, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return repository.Progress{Step: p.step, StepsDone: p.started, StepsTotal: p.total}, p.started > 0
+}

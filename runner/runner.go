@@ -1,0 +1,284 @@
+// Package runner runs clusterd's operations as asynchronous jobs owned by the
+// server process.
+//
+// An RPC claims a cluster (repository.Store.Claim writes the compare-and-set
+// and the IN_PROGRESS job row in one transaction, SPEC §3.2) and hands the
+// work to a Runner, then returns a google.longrunning.Operation at once
+// (SPEC §4). The Runner owns the job from then on:
+//
+//   - it runs the work on a context derived from the Runner's own, never the
+//     RPC's, which gRPC cancels as soon as the handler returns;
+//   - it bounds the work by the job's Deadline;
+//   - it records each step on the job row (Progress.Step), and in the same
+//     round trip learns whether a cancellation was requested, possibly
+//     through another server, and whether recovery already ended the job;
+//   - it ends the job and releases the cluster in one transaction
+//     (repository.Store.FinishJob), exactly once, in one place;
+//   - Shutdown cancels the running jobs, ends them, and waits for them.
+//
+// # Job errors
+//
+// A job that did not succeed stores, in repository.Job.Error, a
+// google.rpc.Status encoded with protojson (the JSON mapping of
+// google/rpc/status.proto), which the service decodes into the Operation's
+// error as is:
+//
+//	{"code":1,  "message":"operation cancelled"}            cancelled (CANCELLED)
+//	{"code":4,  "message":"operation deadline exceeded"}    past the job's deadline (DEADLINE_EXCEEDED)
+//	{"code":14, "message":"server shutting down"}           interrupted by Shutdown (UNAVAILABLE)
+//	{"code":13, "message":"internal error: panic: ..."}     Run panicked (INTERNAL)
+//	{"code":N,  "message":"...", "details":[...]}           Run returned a gRPC status error: its code, message and details
+//	{"code":2,  "message":"<err.Error()>"}                  any other error (UNKNOWN)
+//
+// protojson output is not byte-stable (it varies whitespace on purpose), so
+// readers must decode it rather than compare strings.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/clusterd/clusterd/repository"
+)
+
+// Store is the part of the repository the runner needs. It is declared here,
+// where it is used, so the runner depends on two methods rather than on the
+// whole repository, and so it says exactly which writes a job makes: its
+// progress, and its end.
+type Store interface {
+	// RecordProgress writes a running job's step and returns the job as
+	// stored; a job no longer IN_PROGRESS is a *repository.JobConflictError.
+	RecordProgress(ctx context.Context, jobID string, p repository.Progress) (repository.Job, error)
+	// FinishJob ends an IN_PROGRESS job and releases its cluster in one
+	// transaction.
+	FinishJob(ctx context.Context, f repository.Finish) (repository.Job, error)
+}
+
+// Task is one claimed job and the work to do for it. The claim must have
+// committed before the Task is started (SPEC §3.2): the runner never claims,
+// it only runs and ends.
+type Task struct {
+	// Job is the job as returned by Store.Claim or Store.CreateCluster:
+	// IN_PROGRESS, with its Deadline set.
+	Job repository.Job
+	// Run does the work. It calls p.Step before each step, and stops when
+	// Step returns an error (returning it, wrapped or not). On success it
+	// returns the outcome. Run's ctx carries the job's deadline and is
+	// cancelled by Shutdown; it is not cancelled by a cancellation request,
+	// which Run sees at its next Step so that a step is never cut in half.
+	Run func(ctx context.Context, p *Progress) (Outcome, error)
+	// Release builds the cluster transition that ends the job when it did not
+	// succeed (failure, cancellation, deadline, shutdown, panic); cause says
+	// why (errors.Is it against ErrCancelled, ErrDeadline, ErrShutdown). It
+	// may return nil to leave the cluster alone. It is called on a context
+	// that is not the (possibly cancelled) job context, so it can still read
+	// the database. When Release is nil or fails, the job still ends and the
+	// cluster stays named by a finished job, which the scanner's orphan
+	// recovery fails (SPEC §5).
+	Release func(ctx context.Context, cause error) (*repository.Transition, error)
+}
+
+// Outcome is how a job that succeeded ends.
+type Outcome struct {
+	// Result is opaque JSON stored as the job's result (the operation's
+	// response).
+	Result string
+	// Release is how the cluster moves, written in the same transaction as
+	// the job's end; nil leaves the cluster alone.
+	Release *repository.Transition
+}
+
+// Errors the runner returns, or gives to Task.Release as the cause of a job's
+// end, so callers can tell the reasons apart with errors.Is.
+var (
+	// ErrCancelled: the job's row has CancelRequested (SPEC §4, Cancel is
+	// cooperative). Progress.Step returns it; the job ends CANCELLED.
+	ErrCancelled = errors.New("operation cancelled")
+	// ErrJobEnded: the job's row is no longer IN_PROGRESS because someone
+	// else (recovery, on this server or another) ended it. Progress.Step
+	// returns it wrapping the store's error; the work must stop, and the
+	// runner writes nothing more, since the job's end is already recorded and
+	// the cluster may belong to another operation by now.
+	ErrJobEnded = errors.New("job already ended elsewhere")
+	// ErrDeadline is the cause given to Task.Release when the job ran past its
+	// deadline (SPEC §4); the job ends FAILED with DEADLINE_EXCEEDED.
+	ErrDeadline = errors.New("operation deadline exceeded")
+	// ErrStopped: Start was called after Shutdown. The caller's claim is
+	// already written, so the caller must end the job itself (or leave it to
+	// recovery once this server is gone).
+	ErrStopped = errors.New("runner stopped")
+	// ErrShutdown is the cause given to Task.Release for jobs interrupted by
+	// Shutdown; they end FAILED with UNAVAILABLE, so a client may retry on
+	// another server.
+	ErrShutdown = errors.New("server shutting down")
+)
+
+// Config is what a Runner needs.
+type Config struct {
+	// Store records progress and ends jobs. Required.
+	Store Store
+	// Logger receives the runner's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// OnDone, optional, is called with the final job row after this runner
+	// ended a job, so the service can wake WaitOperation callers without
+	// polling. It is not called for jobs someone else ended. It runs on the
+	// job's goroutine and must not block.
+	OnDone func(job repository.Job)
+	// FinishTimeout bounds the database writes that end a job, Release
+	// included (default 10s). They run on a context that survives the job's
+	// cancellation, so that a cancelled or timed-out job still records its
+	// end; the bound keeps Shutdown from waiting forever on a dead database.
+	FinishTimeout time.Duration
+}
+
+// DefaultFinishTimeout is the FinishTimeout used when Config leaves it zero.
+const DefaultFinishTimeout = 10 * time.Second
+
+// Runner runs jobs in goroutines it owns, and stops and waits for them on
+// Shutdown. It is safe for concurrent use.
+type Runner struct {
+	store         Store
+	log           *slog.Logger
+	onDone        func(repository.Job)
+	finishTimeout time.Duration
+
+	// ctx is the parent of every job's context. It belongs to the runner, not
+	// to any request, and only Shutdown cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	stopped bool
+	running map[string]struct{}
+}
+
+// New returns a Runner ready to Start tasks.
+func New(cfg Config) *Runner {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	timeout := cfg.FinishTimeout
+	if timeout <= 0 {
+		timeout = DefaultFinishTimeout
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Runner{
+		store:         cfg.Store,
+		log:           log,
+		onDone:        cfg.OnDone,
+		finishTimeout: timeout,
+		ctx:           ctx,
+		cancel:        cancel,
+		running:       map[string]struct{}{},
+	}
+}
+
+// Start launches the task in a goroutine owned by the runner. The job's
+// context derives from the runner's own (cancelled only by Shutdown) with the
+// job's Deadline, never from the caller's: an RPC's context is cancelled when
+// its handler returns, which is right after Start. Start returns ErrStopped
+// after Shutdown, and an error for a task that cannot run (no Run, no
+// deadline, or a job already running here); in every error case nothing was
+// started and the job's row is untouched.
+func (r *Runner) Start(t Task) error {
+	if t.Job.ID == "" || t.Run == nil {
+		return fmt.Errorf("start job %q: task needs a job id and a Run function", t.Job.ID)
+	}
+	if t.Job.Deadline.IsZero() {
+		return fmt.Errorf("start job %s: job has no deadline", t.Job.ID)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return fmt.Errorf("start job %s: %w", t.Job.ID, ErrStopped)
+	}
+	if _, dup := r.running[t.Job.ID]; dup {
+		return fmt.Errorf("start job %s: already running", t.Job.ID)
+	}
+	r.running[t.Job.ID] = struct{}{}
+	// Add under mu, which Shutdown takes before Wait: no Add can follow Wait.
+	r.wg.Add(1)
+	go r.run(t)
+	return nil
+}
+
+// Running returns the ids of the jobs running in this process, sorted. A job
+// stays listed until its end is written, so a liveness check that compares
+// this list with the IN_PROGRESS jobs of this server never sees a live job as
+// orphaned.
+func (r *Runner) Running() []string {
+	r.mu.Lock()
+	ids := make([]string, 0, len(r.running))
+	for id := range r.running {
+		ids = append(ids, id)
+	}
+	r.mu.Unlock()
+	slices.Sort(ids)
+	return ids
+}
+
+// Shutdown stops accepting tasks, cancels the running jobs' contexts (their
+// current step is interrupted; they end FAILED with cause ErrShutdown and
+// their Release applied), and waits for every job goroutine. If ctx is done
+// first it returns an error wrapping ctx.Err(); the jobs keep ending in the
+// background, each bounded by FinishTimeout. Shutdown may be called more than
+// once.
+func (r *Runner) Shutdown(ctx context.Context) error {
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.cancel()
+
+	done := make(chan struct{})
+	go func() {
+		// Ends when the last job does; bounded by FinishTimeout per job.
+		r.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("runner shutdown: jobs still ending %v: %w", r.Running(), ctx.Err())
+	}
+}
+
+// run is the job's goroutine: run the work, end the job, let go of it.
+func (r *Runner) run(t Task) {
+	defer r.wg.Done()
+	log := r.log.With("job", t.Job.ID, "kind", t.Job.Kind, "cluster", t.Job.ResourceID)
+
+	jobCtx, cancel := context.WithDeadline(r.ctx, t.Job.Deadline)
+	defer cancel()
+	p := &Progress{store: r.store, jobID: t.Job.ID, total: t.Job.StepsTotal}
+
+	out, err := r.call(jobCtx, log, t, p)
+	final, ok := r.finish(jobCtx, log, t, p, out, err)
+
+	r.mu.Lock()
+	delete(r.running, t.Job.ID)
+	r.mu.Unlock()
+	if ok && r.onDone != nil {
+		r.onDone(final)
+	}
+}
+
+// call runs the task's work, turning a panic into an error so that one bad
+// operation fails its job instead of the whole process.
+func (r *Runner) call(ctx context.Context, log *slog.Logger, t Task, p *Progress) (out Outcome, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			log.Error("job panicked", "panic", v, "stack", string(debug.Stack()))
+			out, err = Outcome{}, &panicError{value: v}
+		}
+	}()
+	return t.Run(ctx, p)
+}

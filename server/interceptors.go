@@ -1,0 +1,73 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clusterd/clusterd/service"
+)
+
+// interceptors returns the one chain every RPC goes through, gRPC and REST
+// alike (the gateway is a client of this server): logging outermost so it
+// sees the final status, then error mapping, then panic recovery innermost so
+// a panic becomes an INTERNAL status that is mapped and logged like any error.
+func interceptors(log *slog.Logger) []grpc.ServerOption {
+	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		log.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	recover := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		log.ErrorContext(ctx, "panic in handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		return status.Error(codes.Internal, "internal error")
+	})
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(
+			logging.UnaryServerInterceptor(logger, logOpts...),
+			unaryErrors(log),
+			recovery.UnaryServerInterceptor(recover),
+		),
+		grpc.ChainStreamInterceptor(
+			logging.StreamServerInterceptor(logger, logOpts...),
+			streamErrors(log),
+			recovery.StreamServerInterceptor(recover),
+		),
+	}
+}
+
+// unaryErrors maps every handler error to its gRPC status in one place
+// (service.Status), logging the cause of internal errors that the client
+// only sees as "internal error".
+func unaryErrors(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if err != nil {
+			return nil, mapError(ctx, log, info.FullMethod, err)
+		}
+		return resp, nil
+	}
+}
+
+func streamErrors(log *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := handler(srv, ss); err != nil {
+			return mapError(ss.Context(), log, info.FullMethod, err)
+		}
+		return nil
+	}
+}
+
+func mapError(ctx context.Context, log *slog.Logger, method string, err error) error {
+	st := service.Status(err)
+	if st.Code() == codes.Internal || st.Code() == codes.Unavailable {
+		log.ErrorContext(ctx, "request failed", "method", method, "error", err.Error())
+	}
+	return st.Err()
+}

@@ -1,0 +1,292 @@
+// Package server wires clusterd together: the repository, the job runner,
+// the gRPC services with one interceptor chain, health, reflection, and the
+// REST gateway that is a client of the same gRPC server. It holds no
+// business logic.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	// ErrorInfo and BadRequest must be resolvable through reflection so that
+	// grpcurl -format-error can print error details.
+	_ "google.golang.org/genproto/googleapis/rpc/errdetails"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	opsgw "github.com/clusterd/clusterd/gen/gateway/longrunningpb"
+	"github.com/clusterd/clusterd/gen/openapiv2"
+	"github.com/clusterd/clusterd/repository"
+	"github.com/clusterd/clusterd/runner"
+	"github.com/clusterd/clusterd/service"
+)
+
+// Config is everything a clusterd process needs to run.
+type Config struct {
+	// Database is sqlite:<path> or mysql://user:pass@host:port/db.
+	Database string
+	// GRPCAddr and HTTPAddr are listen addresses; port 0 picks a free port.
+	GRPCAddr string
+	HTTPAddr string
+	// ServerID identifies this process to its peers (default: host name).
+	ServerID string
+	// Infra names the infrastructure driver; "sim" is the only one so far.
+	Infra string
+	// Logger receives every log line (default slog.Default()).
+	Logger *slog.Logger
+	// HealthInterval is how often the database is pinged for health (default 2s).
+	HealthInterval time.Duration
+	// ShutdownTimeout bounds graceful shutdown before connections are cut (default 15s).
+	ShutdownTimeout time.Duration
+}
+
+// Server is a running clusterd process; tests use it to learn bound addresses.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	store   *repository.Store
+	self    repository.Server
+	runner  *runner.Runner
+	health  *health.Server
+	grpc    *grpc.Server
+	http    *http.Server
+	conn    *grpc.ClientConn
+	grpcLis net.Listener
+	httpLis net.Listener
+}
+
+// Run starts clusterd and blocks until ctx is cancelled (SIGTERM in main),
+// then stops gracefully: no new requests, running jobs stopped and recorded,
+// connections drained.
+func Run(ctx context.Context, cfg Config) error {
+	s, err := New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return s.Serve(ctx)
+}
+
+// New opens the database (running migrations), registers this server and
+// binds both listeners, so that when it returns the addresses are known and
+// every failure of configuration has been reported.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	var err error
+	if s.store, err = repository.Open(ctx, cfg.Database, repository.WithServerID(cfg.ServerID)); err != nil {
+		return nil, err
+	}
+	cleanup := func() { _ = s.store.Close() }
+	if s.self, err = s.store.RegisterServer(ctx, cfg.ServerID); err != nil {
+		cleanup()
+		return nil, err
+	}
+	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("listen for gRPC on %s: %w", cfg.GRPCAddr, err)
+	}
+	if s.httpLis, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		_ = s.grpcLis.Close()
+		cleanup()
+		return nil, fmt.Errorf("listen for HTTP on %s: %w", cfg.HTTPAddr, err)
+	}
+
+	ops := service.NewOperations(s.store)
+	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: ops.Notify})
+	clusters := service.NewClusters(s.store)
+
+	s.grpc = grpc.NewServer(interceptors(s.log)...)
+	clv1.RegisterClusterLifecycleServer(s.grpc, clusters)
+	longrunningpb.RegisterOperationsServer(s.grpc, ops)
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+
+	if err := s.gateway(ctx); err != nil {
+		_ = s.grpcLis.Close()
+		_ = s.httpLis.Close()
+		cleanup()
+		return nil, err
+	}
+	s.log.Info("clusterd ready", "server_id", cfg.ServerID, "incarnation", s.self.Incarnation,
+		"database", string(s.store.Backend()), "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "infra", cfg.Infra)
+	return s, nil
+}
+
+// gateway builds the REST gateway as a gRPC client of this server, so REST
+// requests go through the same interceptors as gRPC ones.
+func (s *Server) gateway(ctx context.Context) error {
+	conn, err := grpc.NewClient(s.grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("gateway connection: %w", err)
+	}
+	s.conn = conn
+	mux := runtime.NewServeMux(
+		runtime.WithHealthzEndpoint(healthpb.NewHealthClient(conn)),
+		// GET /v1/operations lists; without this, operations/** would also
+		// match it with zero segments and route it to GetOperation.
+		runtime.WithStrictDeepWildcardMatching(),
+	)
+	if err := clv1.RegisterClusterLifecycleHandler(ctx, mux, conn); err != nil {
+		return fmt.Errorf("gateway ClusterLifecycle: %w", err)
+	}
+	if err := opsgw.RegisterOperationsHandler(ctx, mux, conn); err != nil {
+		return fmt.Errorf("gateway Operations: %w", err)
+	}
+	root := http.NewServeMux()
+	root.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(openapiv2.JSON)
+	})
+	root.Handle("/", mux)
+	s.http = &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}
+
+// GRPCAddr is the address the gRPC server listens on.
+func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
+
+// HTTPAddr is the address the REST gateway listens on.
+func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
+
+// Serve runs until ctx is cancelled or a listener fails, then shuts down.
+func (s *Server) Serve(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		if err := s.grpc.Serve(s.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			errs <- fmt.Errorf("gRPC server: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := s.http.Serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs <- fmt.Errorf("HTTP server: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		s.watchHealth(ctx)
+	}()
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errs:
+	}
+	cancel()
+	shutdownErr := s.shutdown()
+	wg.Wait()
+	return errors.Join(serveErr, shutdownErr)
+}
+
+// shutdown stops taking requests, stops the jobs (they record their end),
+// drains connections within ShutdownTimeout and closes the database.
+func (s *Server) shutdown() error {
+	s.log.Info("clusterd shutting down")
+	s.health.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	var errs []error
+	if err := s.http.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("HTTP shutdown: %w", err))
+	}
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-stopped
+	}
+	if err := s.runner.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("stop jobs: %w", err))
+	}
+	_ = s.conn.Close()
+	if err := s.store.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close database: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// watchHealth reports NOT_SERVING while the database does not answer.
+func (s *Server) watchHealth(ctx context.Context) {
+	t := time.NewTicker(s.cfg.HealthInterval)
+	defer t.Stop()
+	last := healthpb.HealthCheckResponse_UNKNOWN
+	for {
+		pingCtx, cancel := context.WithTimeout(ctx, s.cfg.HealthInterval)
+		err := s.store.Ping(pingCtx)
+		cancel()
+		st := healthpb.HealthCheckResponse_SERVING
+		if err != nil {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if st != last {
+			if err != nil {
+				s.log.Warn("database not answering: NOT_SERVING", "error", err)
+			} else if last != healthpb.HealthCheckResponse_UNKNOWN {
+				s.log.Info("database answering again: SERVING")
+			}
+			for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName} {
+				s.health.SetServingStatus(name, st)
+			}
+			last = st
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Config) defaults() error {
+	if c.Database == "" {
+		return errors.New("config: database is required")
+	}
+	if c.Infra == "" {
+		c.Infra = "sim"
+	}
+	if c.Infra != "sim" {
+		return fmt.Errorf("config: unknown infrastructure %q (supported: sim)", c.Infra)
+	}
+	if c.ServerID == "" {
+		return errors.New("config: server id is required")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.HealthInterval <= 0 {
+		c.HealthInterval = 2 * time.Second
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 15 * time.Second
+	}
+	return nil
+}

@@ -1,0 +1,141 @@
+package service
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/google/uuid"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// Resource name prefixes (AIP-122).
+const (
+	clusterPrefix   = "clusters/"
+	operationPrefix = "operations/"
+)
+
+// parseName checks that name is prefix followed by a UUID and returns the
+// UUID, so malformed names are INVALID_ARGUMENT, not NOT_FOUND.
+func parseName(field, name, prefix string) (string, error) {
+	if name == "" {
+		return "", invalid(field, "is required (%s{uuid})", prefix)
+	}
+	id, ok := strings.CutPrefix(name, prefix)
+	if !ok {
+		return "", invalid(field, "%q is not a %s{uuid} name", name, prefix)
+	}
+	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
+		return "", invalid(field, "%q does not end in a UUID", name)
+	}
+	return strings.ToLower(id), nil
+}
+
+func clusterName(id string) string { return clusterPrefix + id }
+
+func operationName(id string) string {
+	if id == "" {
+		return ""
+	}
+	return operationPrefix + id
+}
+
+// etag is the cluster's version: it changes on every write (AIP-154).
+func etag(c repository.Cluster) string { return strconv.FormatInt(c.Version, 10) }
+
+// clusterState maps the state machine's states to the API enum; the names
+// are the same by design, so the mapping is by name.
+func clusterState(s lifecycle.State) clv1.Cluster_State {
+	return clv1.Cluster_State(clv1.Cluster_State_value[s.String()])
+}
+
+func toCluster(c repository.Cluster) *clv1.Cluster {
+	out := &clv1.Cluster{
+		Name:              clusterName(c.ID),
+		DisplayName:       c.DisplayName,
+		Description:       c.Description,
+		Account:           c.Account,
+		State:             clusterState(c.State),
+		KubernetesVersion: c.Spec.KubernetesVersion,
+		ControlNodeCount:  c.Spec.ControlNodeCount,
+		WorkerNodeCount:   c.Spec.WorkerNodeCount,
+		ServiceOffering:   c.Spec.ServiceOffering,
+		Endpoint:          c.Endpoint,
+		CurrentOperation:  operationName(c.CurrentOperation),
+		Etag:              etag(c),
+		CreateTime:        timestamppb.New(c.CreateTime),
+		UpdateTime:        timestamppb.New(c.UpdateTime),
+	}
+	if a := c.Spec.Autoscaling; a != (repository.Autoscaling{}) {
+		out.Autoscaling = &clv1.Autoscaling{Enabled: a.Enabled, MinSize: a.MinSize, MaxSize: a.MaxSize}
+	}
+	return out
+}
+
+func toEvent(e repository.Event) *clv1.ClusterEvent {
+	return &clv1.ClusterEvent{
+		Name:      fmt.Sprintf("%s/events/%d", clusterName(e.ClusterID), e.ID),
+		Time:      timestamppb.New(e.Time),
+		FromState: clusterState(e.From),
+		Event:     e.Name,
+		ToState:   clusterState(e.To),
+		Operation: operationName(e.Operation),
+		Server:    e.Server,
+		Message:   e.Message,
+	}
+}
+
+// toOperation presents a job as a google.longrunning.Operation. The job's
+// Result is the protojson of a google.protobuf.Any (the response) and its
+// Error the protojson of a google.rpc.Status; rows that cannot be decoded are
+// reported as an INTERNAL error on the operation rather than failing the RPC.
+func toOperation(j repository.Job) (*longrunningpb.Operation, error) {
+	md := &clv1.OperationMetadata{
+		Verb:                  j.Kind,
+		Server:                j.ServerID,
+		Step:                  j.Step,
+		StepsDone:             j.StepsDone,
+		StepsTotal:            j.StepsTotal,
+		RequestedCancellation: j.CancelRequested,
+		CreateTime:            timestamppb.New(j.CreateTime),
+	}
+	if j.ResourceID != "" {
+		md.Cluster = clusterName(j.ResourceID)
+	}
+	if j.EndTime != nil {
+		md.EndTime = timestamppb.New(*j.EndTime)
+	}
+	mdAny, err := anypb.New(md)
+	if err != nil {
+		return nil, fmt.Errorf("operation %s metadata: %w", j.ID, err)
+	}
+	op := &longrunningpb.Operation{Name: operationName(j.ID), Metadata: mdAny, Done: j.Status.Done()}
+	switch j.Status {
+	case repository.JobInProgress:
+	case repository.JobSucceeded:
+		resp := &anypb.Any{}
+		if j.Result == "" {
+			resp, _ = anypb.New(&emptypb.Empty{})
+		} else if err := protojson.Unmarshal([]byte(j.Result), resp); err != nil {
+			op.Result = &longrunningpb.Operation_Error{Error: &spb.Status{Code: 13, Message: "stored result unreadable: " + err.Error()}}
+			return op, nil
+		}
+		op.Result = &longrunningpb.Operation_Response{Response: resp}
+	default:
+		st := &spb.Status{}
+		if err := protojson.Unmarshal([]byte(j.Error), st); err != nil || st.Code == 0 {
+			st = &spb.Status{Code: 2, Message: fmt.Sprintf("operation ended %s: %s", j.Status, j.Error)}
+		}
+		op.Result = &longrunningpb.Operation_Error{Error: st}
+	}
+	return op, nil
+}

@@ -1,0 +1,214 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// Domain is the google.rpc.ErrorInfo domain of every clusterd error.
+const Domain = "clusterd.dev"
+
+// Reasons are the stable google.rpc.ErrorInfo reasons clients switch on; the
+// messages around them may change, these may not.
+const (
+	ReasonOperationInProgress    = "OPERATION_IN_PROGRESS"
+	ReasonConcurrentModification = "CONCURRENT_MODIFICATION"
+	ReasonInvalidStateTransition = "INVALID_STATE_TRANSITION"
+	ReasonEtagMismatch           = "ETAG_MISMATCH"
+	ReasonInvalidArgument        = "INVALID_ARGUMENT"
+	ReasonNotFound               = "NOT_FOUND"
+	ReasonAlreadyExists          = "ALREADY_EXISTS"
+	ReasonDatabaseUnavailable    = "DATABASE_UNAVAILABLE"
+	ReasonNotImplemented         = "NOT_IMPLEMENTED"
+	ReasonInternal               = "INTERNAL"
+)
+
+// FieldViolation names one invalid request field, in the request's own
+// field path (e.g. "cluster.display_name").
+type FieldViolation struct {
+	Field       string
+	Description string
+}
+
+// InvalidArgumentError is a request that fails validation; it becomes
+// INVALID_ARGUMENT with a google.rpc.BadRequest listing every violation, so a
+// client can fix all fields at once.
+type InvalidArgumentError struct {
+	Violations []FieldViolation
+}
+
+// Error lists the violations.
+func (e *InvalidArgumentError) Error() string {
+	parts := make([]string, len(e.Violations))
+	for i, v := range e.Violations {
+		parts[i] = v.Field + ": " + v.Description
+	}
+	return "invalid argument: " + strings.Join(parts, "; ")
+}
+
+// invalid is shorthand for a single-field InvalidArgumentError.
+func invalid(field, format string, args ...any) error {
+	return &InvalidArgumentError{Violations: []FieldViolation{{Field: field, Description: fmt.Sprintf(format, args...)}}}
+}
+
+// OperationInProgressError refuses a request because another operation holds
+// the cluster (SPEC §3.3).
+type OperationInProgressError struct {
+	Cluster   string
+	Operation string
+}
+
+// Error names the holder and tells the client what to do.
+func (e *OperationInProgressError) Error() string {
+	return fmt.Sprintf("another operation is in progress on %s: %s; please retry once it has finished", e.Cluster, e.Operation)
+}
+
+// InvalidTransitionError refuses a request whose event the cluster's state
+// does not allow while nothing holds the cluster (SPEC §3.3).
+type InvalidTransitionError struct {
+	Cluster string
+	State   lifecycle.State
+	Event   lifecycle.Event
+}
+
+// Error is the SPEC's message.
+func (e *InvalidTransitionError) Error() string {
+	return fmt.Sprintf("cluster %s is in state %s, which does not allow %s", e.Cluster, e.State, e.Event)
+}
+
+// NotFoundError names the resource a request asked for that does not exist,
+// in the client's own terms (its resource name), not the database's.
+type NotFoundError struct {
+	Name string
+}
+
+// Error names the missing resource.
+func (e *NotFoundError) Error() string { return e.Name + " not found" }
+
+// notFound replaces a repository ErrNotFound with the resource name the
+// client used; other errors pass through.
+func notFound(err error, name string) error {
+	if errors.Is(err, repository.ErrNotFound) {
+		return &NotFoundError{Name: name}
+	}
+	return err
+}
+
+// NotImplementedError answers an RPC whose behaviour has not landed yet,
+// saying so plainly instead of pretending.
+type NotImplementedError struct {
+	Method string
+	Detail string
+}
+
+// Error says what is missing.
+func (e *NotImplementedError) Error() string {
+	return fmt.Sprintf("%s is not implemented yet: %s", e.Method, e.Detail)
+}
+
+// Status maps any error a handler returns to the gRPC status the client
+// sees, with a google.rpc.ErrorInfo in every one. It is the only place where
+// domain errors become status codes; the server's interceptor calls it.
+func Status(err error) *status.Status {
+	if err == nil {
+		return status.New(codes.OK, "")
+	}
+	var (
+		inval      *InvalidArgumentError
+		inProgress *OperationInProgressError
+		transition *InvalidTransitionError
+		notImpl    *NotImplementedError
+		missing    *NotFoundError
+		conflict   *repository.ConflictError
+	)
+	switch {
+	case errors.As(err, &inval):
+		br := &errdetails.BadRequest{}
+		for _, v := range inval.Violations {
+			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: v.Field, Description: v.Description})
+		}
+		return build(codes.InvalidArgument, inval.Error(), ReasonInvalidArgument, nil, br)
+	case errors.As(err, &inProgress):
+		return build(codes.Aborted, inProgress.Error(), ReasonOperationInProgress,
+			map[string]string{"cluster": inProgress.Cluster, "operation": inProgress.Operation})
+	case errors.As(err, &transition):
+		return build(codes.FailedPrecondition, transition.Error(), ReasonInvalidStateTransition,
+			map[string]string{"cluster": transition.Cluster, "state": transition.State.String(), "event": transition.Event.String()})
+	case errors.As(err, &notImpl):
+		return build(codes.Unimplemented, notImpl.Error(), ReasonNotImplemented, map[string]string{"method": notImpl.Method})
+	case errors.As(err, &missing):
+		return build(codes.NotFound, missing.Error(), ReasonNotFound, map[string]string{"resource": missing.Name})
+	case errors.As(err, &conflict):
+		return build(codes.Aborted, fmt.Sprintf("cluster %s was changed by a concurrent request; please retry", conflict.ClusterID),
+			ReasonConcurrentModification, map[string]string{"cluster": "clusters/" + conflict.ClusterID})
+	case errors.Is(err, repository.ErrConflict):
+		return build(codes.Aborted, "the resource was changed by a concurrent request; please retry", ReasonConcurrentModification, nil)
+	case errors.Is(err, repository.ErrNotFound):
+		return build(codes.NotFound, err.Error(), ReasonNotFound, nil)
+	case errors.Is(err, repository.ErrAlreadyExists):
+		return build(codes.AlreadyExists, err.Error(), ReasonAlreadyExists, nil)
+	case errors.Is(err, repository.ErrUnavailable):
+		return build(codes.Unavailable, "the database is unavailable; please retry", ReasonDatabaseUnavailable, nil)
+	case errors.Is(err, context.Canceled):
+		return build(codes.Canceled, "request cancelled", codeReason(codes.Canceled), nil)
+	case errors.Is(err, context.DeadlineExceeded):
+		return build(codes.DeadlineExceeded, "request deadline exceeded", codeReason(codes.DeadlineExceeded), nil)
+	}
+	if st, ok := status.FromError(err); ok {
+		return withErrorInfo(st)
+	}
+	return build(codes.Internal, "internal error", ReasonInternal, nil)
+}
+
+// withErrorInfo adds an ErrorInfo to a status made elsewhere (gRPC itself, a
+// library) so that every error a client sees carries a reason.
+func withErrorInfo(st *status.Status) *status.Status {
+	for _, d := range st.Details() {
+		if _, ok := d.(*errdetails.ErrorInfo); ok {
+			return st
+		}
+	}
+	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: codeReason(st.Code()), Domain: Domain})
+	if err != nil {
+		return st
+	}
+	return withInfo
+}
+
+// codeReason spells a code the way ErrorInfo reasons are spelled
+// (DeadlineExceeded -> DEADLINE_EXCEEDED).
+func codeReason(c codes.Code) string {
+	var b strings.Builder
+	for i, r := range c.String() {
+		if i > 0 && r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return strings.ToUpper(b.String())
+}
+
+func build(c codes.Code, msg, reason string, meta map[string]string, extra ...*errdetails.BadRequest) *status.Status {
+	st := status.New(c, msg)
+	info := &errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: meta}
+	var with *status.Status
+	var err error
+	if len(extra) > 0 && extra[0] != nil {
+		with, err = st.WithDetails(info, extra[0])
+	} else {
+		with, err = st.WithDetails(info)
+	}
+	if err != nil {
+		return st
+	}
+	return with
+}

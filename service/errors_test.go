@@ -1,0 +1,90 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+func TestStatusMapsEveryDomainError(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("handler: %w", err) }
+	tests := []struct {
+		name        string
+		err         error
+		wantCode    codes.Code
+		wantReason  string
+		wantMessage string
+	}{
+		{"invalid argument", invalid("cluster.display_name", "must be a DNS label"), codes.InvalidArgument, "INVALID_ARGUMENT", "cluster.display_name: must be a DNS label"},
+		{"held by another operation", wrap(&OperationInProgressError{Cluster: "clusters/a", Operation: "operations/b"}), codes.Aborted, "OPERATION_IN_PROGRESS", "please retry once it has finished"},
+		{"refused transition", &InvalidTransitionError{Cluster: "clusters/a", State: lifecycle.Stopped, Event: lifecycle.AddNodeRequested}, codes.FailedPrecondition, "INVALID_STATE_TRANSITION", "cluster clusters/a is in state STOPPED, which does not allow ADD_NODE_REQUESTED"},
+		{"lost CAS", wrap(&repository.ConflictError{ClusterID: "a"}), codes.Aborted, "CONCURRENT_MODIFICATION", "please retry"},
+		{"deadlock", wrap(fmt.Errorf("%w: mysql 1213", repository.ErrConflict)), codes.Aborted, "CONCURRENT_MODIFICATION", "please retry"},
+		{"not found", wrap(&NotFoundError{Name: "clusters/a"}), codes.NotFound, "NOT_FOUND", "clusters/a not found"},
+		{"repository not found", wrap(repository.ErrNotFound), codes.NotFound, "NOT_FOUND", "not found"},
+		{"name taken", wrap(repository.ErrAlreadyExists), codes.AlreadyExists, "ALREADY_EXISTS", "already exists"},
+		{"database down", wrap(repository.ErrUnavailable), codes.Unavailable, "DATABASE_UNAVAILABLE", "please retry"},
+		{"not implemented", &NotImplementedError{Method: "X", Detail: "later"}, codes.Unimplemented, "NOT_IMPLEMENTED", "X is not implemented yet"},
+		{"client went away", wrap(context.Canceled), codes.Canceled, "CANCELED", "cancelled"},
+		{"deadline", wrap(context.DeadlineExceeded), codes.DeadlineExceeded, "DEADLINE_EXCEEDED", "deadline"},
+		{"status from elsewhere", status.Error(codes.ResourceExhausted, "slow down"), codes.ResourceExhausted, "RESOURCE_EXHAUSTED", "slow down"},
+		{"unknown error hides details", errors.New("pq: password=hunter2"), codes.Internal, "INTERNAL", "internal error"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := Status(tt.err)
+			if st.Code() != tt.wantCode {
+				t.Errorf("code = %v; want %v", st.Code(), tt.wantCode)
+			}
+			if !strings.Contains(st.Message(), tt.wantMessage) {
+				t.Errorf("message = %q; want it to contain %q", st.Message(), tt.wantMessage)
+			}
+			var infos int
+			for _, d := range st.Details() {
+				if info, ok := d.(*errdetails.ErrorInfo); ok {
+					infos++
+					if info.GetReason() != tt.wantReason || info.GetDomain() != Domain {
+						t.Errorf("ErrorInfo = %v; want reason %s in %s", info, tt.wantReason, Domain)
+					}
+				}
+			}
+			if infos != 1 {
+				t.Errorf("%d ErrorInfo details; want exactly 1", infos)
+			}
+		})
+	}
+}
+
+func TestStatusOfInvalidArgumentListsEveryViolation(t *testing.T) {
+	st := Status(&InvalidArgumentError{Violations: []FieldViolation{{"a", "bad"}, {"b", "worse"}}})
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			if len(br.GetFieldViolations()) != 2 || br.GetFieldViolations()[1].GetField() != "b" {
+				t.Errorf("BadRequest = %v", br)
+			}
+			return
+		}
+	}
+	t.Error("no BadRequest detail")
+}
+
+func TestOperationInProgressNamesTheHolder(t *testing.T) {
+	st := Status(&OperationInProgressError{Cluster: "clusters/a", Operation: "operations/b"})
+	if !strings.HasSuffix(st.Message(), "please retry once it has finished") || !strings.Contains(st.Message(), "operations/b") {
+		t.Errorf("message = %q", st.Message())
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetMetadata()["operation"] != "operations/b" {
+			t.Errorf("ErrorInfo metadata = %v; want the holding operation", info.GetMetadata())
+		}
+	}
+}

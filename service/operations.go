@@ -1,0 +1,188 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/clusterd/clusterd/repository"
+)
+
+// JobStore is the part of the repository the Operations service needs.
+type JobStore interface {
+	GetJob(ctx context.Context, id string) (repository.Job, error)
+	ListJobs(ctx context.Context, q repository.JobQuery) ([]repository.Job, error)
+	RequestCancel(ctx context.Context, jobID string) (repository.Job, error)
+}
+
+// Operations implements google.longrunning.Operations over clusterd's jobs,
+// so any LRO-aware client (Go, Java, grpcurl, REST) can follow an operation.
+type Operations struct {
+	longrunningpb.UnimplementedOperationsServer
+	store JobStore
+	// poll bounds how stale WaitOperation can be for jobs that end on another
+	// server (local jobs wake waiters at once through Notify).
+	poll    time.Duration
+	maxWait time.Duration
+
+	mu      sync.Mutex
+	changed chan struct{}
+}
+
+// NewOperations returns the Operations service over store.
+func NewOperations(store JobStore) *Operations {
+	return &Operations{store: store, poll: 200 * time.Millisecond, maxWait: 5 * time.Minute, changed: make(chan struct{})}
+}
+
+// Notify wakes every WaitOperation; the job runner calls it when a job ends.
+func (o *Operations) Notify(repository.Job) {
+	o.mu.Lock()
+	close(o.changed)
+	o.changed = make(chan struct{})
+	o.mu.Unlock()
+}
+
+func (o *Operations) changes() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.changed
+}
+
+// GetOperation returns an operation's latest state.
+func (o *Operations) GetOperation(ctx context.Context, req *longrunningpb.GetOperationRequest) (*longrunningpb.Operation, error) {
+	id, err := parseName("name", req.GetName(), operationPrefix)
+	if err != nil {
+		return nil, err
+	}
+	j, err := o.store.GetJob(ctx, id)
+	if err != nil {
+		return nil, notFound(err, req.GetName())
+	}
+	return toOperation(j)
+}
+
+// operationFilterFields are the fields ListOperations can filter on.
+var operationFilterFields = []string{"cluster", "done"}
+
+// ListOperations lists operations in creation order, optionally of one
+// cluster (`cluster = "clusters/{uuid}"`) and by completion (`done = false`).
+func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.ListOperationsRequest) (*longrunningpb.ListOperationsResponse, error) {
+	if n := req.GetName(); n != "" && n != "operations" {
+		return nil, invalid("name", "must be empty or \"operations\", got %q", n)
+	}
+	size, err := pageSize("page_size", req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	terms, err := parseFilter("filter", req.GetFilter(), operationFilterFields...)
+	if err != nil {
+		return nil, err
+	}
+	q := repository.JobQuery{Limit: size + 1}
+	for _, t := range terms {
+		switch t.Field {
+		case "cluster":
+			if q.ResourceID, err = parseName("filter", t.Value, clusterPrefix); err != nil {
+				return nil, err
+			}
+		case "done":
+			done, perr := strconv.ParseBool(t.Value)
+			if perr != nil {
+				return nil, invalid("filter", "done must be true or false, got %q", t.Value)
+			}
+			q.Done = &done
+		}
+	}
+	query := "operations?" + req.GetFilter()
+	if q.After, err = decodePageToken("page_token", req.GetPageToken(), query); err != nil {
+		return nil, err
+	}
+	jobs, err := o.store.ListJobs(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	more := len(jobs) > size
+	if more {
+		jobs = jobs[:size]
+	}
+	resp := &longrunningpb.ListOperationsResponse{Operations: make([]*longrunningpb.Operation, len(jobs))}
+	for i, j := range jobs {
+		if resp.Operations[i], err = toOperation(j); err != nil {
+			return nil, err
+		}
+	}
+	if more {
+		resp.NextPageToken = encodePageToken(jobs[len(jobs)-1].ID, query, true)
+	}
+	return resp, nil
+}
+
+// WaitOperation returns once the operation is done or the timeout (default
+// and maximum 5 minutes, and never past the RPC's deadline) has passed,
+// with the operation's latest state either way.
+func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitOperationRequest) (*longrunningpb.Operation, error) {
+	id, err := parseName("name", req.GetName(), operationPrefix)
+	if err != nil {
+		return nil, err
+	}
+	wait := o.maxWait
+	if d := req.GetTimeout(); d != nil {
+		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 {
+			return nil, invalid("timeout", "must be a non-negative duration")
+		}
+		wait = min(d.AsDuration(), o.maxWait)
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	tick := time.NewTicker(o.poll)
+	defer tick.Stop()
+	for {
+		changed := o.changes()
+		j, err := o.store.GetJob(ctx, id)
+		if err != nil {
+			return nil, notFound(err, req.GetName())
+		}
+		if j.Status.Done() {
+			return toOperation(j)
+		}
+		select {
+		case <-changed:
+		case <-tick.C:
+		case <-timer.C:
+			return toOperation(j)
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The caller's deadline is the longest it wants to wait:
+				// answer with the latest state rather than an error.
+				return toOperation(j)
+			}
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// CancelOperation asks a running operation to stop at its next step
+// (cooperative, SPEC §4). The job may run on another server, so the request
+// is a flag on the job row that its runner reads at every step. Cancelling an
+// operation that is already done changes nothing.
+func (o *Operations) CancelOperation(ctx context.Context, req *longrunningpb.CancelOperationRequest) (*emptypb.Empty, error) {
+	id, err := parseName("name", req.GetName(), operationPrefix)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := o.store.RequestCancel(ctx, id); err != nil {
+		return nil, notFound(err, req.GetName())
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// DeleteOperation is refused: operations are history, kept for the job
+// retention period and then purged by the scanner.
+func (o *Operations) DeleteOperation(context.Context, *longrunningpb.DeleteOperationRequest) (*emptypb.Empty, error) {
+	return nil, &NotImplementedError{Method: "DeleteOperation", Detail: "operations are kept as history and purged after the job retention period"}
+}
