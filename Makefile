@@ -11,7 +11,6 @@ GATEWAY_VERSION        := v2.33.0
 GRPCURL_VERSION        := v1.9.4
 
 GO_PACKAGES := ./...
-TEST_FLAGS  ?= -race -count=1 -timeout 9m
 
 .PHONY: all tools generate check-generated lint build run test mariadb bench clean
 
@@ -73,7 +72,7 @@ mariadb:
 ## test: every test with the race detector, on SQLite and on MariaDB.
 test: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
-	  go test $(TEST_FLAGS) $(GO_PACKAGES)
+	  bash scripts/test.sh $(GO_PACKAGES)
 
 ## bench: benchmarks (ratios against a baseline measured in the same run).
 bench: mariadb

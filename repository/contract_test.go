@@ -285,7 +285,7 @@ func TestClaimRace(t *testing.T) {
 				t.Fatalf("round %d: cluster %v; want held by %s at v%d", round, got.Expect(), jobs[0].ID, c.Version+1)
 			}
 		}
-		t.Logf("%d rounds x %d racers: %d lost races (%d of them deadlocks or lock timeouts)", rounds, racers, lost.Load(), deadlockLosses.Load())
+		t.Logf("%s: %d rounds x %d racers: %d lost races (%d of them deadlocks or lock timeouts)", t.Name(), rounds, racers, lost.Load(), deadlockLosses.Load())
 	})
 }
 
