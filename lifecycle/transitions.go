@@ -189,3 +189,14 @@ func OrphanEvent(s State) (e Event, ok bool) {
 	e, ok = orphanEvents[s]
 	return e, ok
 }
+
+// live lists the states of a cluster whose machines are meant to be running
+// (SPEC §3.6): only such a cluster changes size (a stopped one can change its
+// offering, which the table lets through as SCALE_UP_REQUESTED ->
+// SCALING_STOPPED_CLUSTER, so the event alone cannot tell), and its offering
+// can only grow, since its machines are resized while in use.
+var live = map[State]bool{Running: true, Alert: true}
+
+// IsLive reports whether a cluster in state s is running (RUNNING, or ALERT
+// on its way back), for the scale rules of SPEC §3.6.
+func IsLive(s State) bool { return live[s] }

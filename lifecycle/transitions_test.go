@@ -437,3 +437,13 @@ func TestEveryStateCanBeDestroyed(t *testing.T) {
 		}
 	}
 }
+
+func TestIsLive(t *testing.T) {
+	// SPEC §3.6: only a running cluster, or one in ALERT, changes size.
+	want := map[State]bool{Running: true, Alert: true}
+	for _, s := range States() {
+		if got := IsLive(s); got != want[s] {
+			t.Errorf("IsLive(%s) = %v; want %v", s, got, want[s])
+		}
+	}
+}

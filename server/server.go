@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	opsgw "github.com/clusterd/clusterd/gen/gateway/longrunningpb"
 	"github.com/clusterd/clusterd/gen/openapiv2"
+	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/runner"
 	"github.com/clusterd/clusterd/service"
@@ -45,6 +47,13 @@ type Config struct {
 	ServerID string
 	// Infra names the infrastructure driver; "sim" is the only one so far.
 	Infra string
+	// SimStepDelay is slept at every simulated step, so operations take
+	// visible time (the binary's default is 100ms).
+	SimStepDelay time.Duration
+	// Catalog bounds what clusters may be made of (default service.DefaultCatalog()).
+	Catalog *service.Catalog
+	// Deadlines bound each kind of operation (default 1h).
+	Deadlines service.Deadlines
 	// Logger receives every log line (default slog.Default()).
 	Logger *slog.Logger
 	// HealthInterval is how often the database is pinged for health (default 2s).
@@ -60,6 +69,7 @@ type Server struct {
 	store   *repository.Store
 	self    repository.Server
 	runner  *runner.Runner
+	sim     *sim.Simulator
 	health  *health.Server
 	grpc    *grpc.Server
 	http    *http.Server
@@ -108,11 +118,16 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 
 	ops := service.NewOperations(s.store)
 	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: ops.Notify})
-	clusters := service.NewClusters(s.store)
+	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
+	clusters := service.NewClusters(service.ClustersConfig{
+		Store: s.store, Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
+		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
+	})
 
 	s.grpc = grpc.NewServer(interceptors(s.log)...)
 	clv1.RegisterClusterLifecycleServer(s.grpc, clusters)
 	longrunningpb.RegisterOperationsServer(s.grpc, ops)
+	clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
@@ -138,6 +153,13 @@ func (s *Server) gateway(ctx context.Context) error {
 	s.conn = conn
 	mux := runtime.NewServeMux(
 		runtime.WithHealthzEndpoint(healthpb.NewHealthClient(conn)),
+		// The account header reaches the handlers as gRPC metadata.
+		runtime.WithIncomingHeaderMatcher(func(key string) (string, bool) {
+			if strings.EqualFold(key, service.AccountHeader) {
+				return service.AccountHeader, true
+			}
+			return runtime.DefaultHeaderMatcher(key)
+		}),
 		// GET /v1/operations lists; without this, operations/** would also
 		// match it with zero segments and route it to GetOperation.
 		runtime.WithStrictDeepWildcardMatching(),
@@ -147,6 +169,9 @@ func (s *Server) gateway(ctx context.Context) error {
 	}
 	if err := opsgw.RegisterOperationsHandler(ctx, mux, conn); err != nil {
 		return fmt.Errorf("gateway Operations: %w", err)
+	}
+	if err := clv1.RegisterSimulatorHandler(ctx, mux, conn); err != nil {
+		return fmt.Errorf("gateway Simulator: %w", err)
 	}
 	root := http.NewServeMux()
 	root.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
@@ -253,7 +278,7 @@ func (s *Server) watchHealth(ctx context.Context) {
 			} else if last != healthpb.HealthCheckResponse_UNKNOWN {
 				s.log.Info("database answering again: SERVING")
 			}
-			for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName} {
+			for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName, clv1.Simulator_ServiceDesc.ServiceName} {
 				s.health.SetServingStatus(name, st)
 			}
 			last = st

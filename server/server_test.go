@@ -40,6 +40,7 @@ type harness struct {
 	clients struct {
 		clusters clv1.ClusterLifecycleClient
 		ops      longrunningpb.OperationsClient
+		sim      clv1.SimulatorClient
 	}
 	stop func() error
 }
@@ -90,6 +91,7 @@ func start(t *testing.T, b repotest.Backend, mutate ...func(*Config)) *harness {
 	t.Cleanup(func() { _ = h.conn.Close() })
 	h.clients.clusters = clv1.NewClusterLifecycleClient(h.conn)
 	h.clients.ops = longrunningpb.NewOperationsClient(h.conn)
+	h.clients.sim = clv1.NewSimulatorClient(h.conn)
 	h.seed, err = repository.Open(ctx, dsn, repository.WithServerID("test-server"))
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +182,7 @@ func TestServicesAreListedByReflection(t *testing.T) {
 	for _, s := range resp.GetListServicesResponse().GetService() {
 		got = append(got, s.GetName())
 	}
-	for _, want := range []string{"clusterlifecycle.v1.ClusterLifecycle", "google.longrunning.Operations", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} {
+	for _, want := range []string{"clusterlifecycle.v1.ClusterLifecycle", "clusterlifecycle.v1.Simulator", "google.longrunning.Operations", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} {
 		if !slices.Contains(got, want) {
 			t.Errorf("reflection lists %v; missing %s", got, want)
 		}
@@ -407,52 +409,6 @@ func TestOperations(t *testing.T) {
 			t.Errorf("missing operation: %v %s", code, reason)
 		}
 	})
-}
-
-func TestMutatingRPCsSayTheyAreNotImplemented(t *testing.T) {
-	h := start(t, repotest.Backends(t)[0])
-	ctx := tctx(t)
-	name := "clusters/0192f0c1-7a3e-7000-8000-000000000000"
-	calls := map[string]func() error{
-		"CreateCluster": func() error {
-			_, err := h.clients.clusters.CreateCluster(ctx, &clv1.CreateClusterRequest{})
-			return err
-		},
-		"StartCluster": func() error {
-			_, err := h.clients.clusters.StartCluster(ctx, &clv1.StartClusterRequest{Name: name})
-			return err
-		},
-		"StopCluster": func() error {
-			_, err := h.clients.clusters.StopCluster(ctx, &clv1.StopClusterRequest{Name: name})
-			return err
-		},
-		"ScaleCluster": func() error {
-			_, err := h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: name})
-			return err
-		},
-		"UpgradeCluster": func() error {
-			_, err := h.clients.clusters.UpgradeCluster(ctx, &clv1.UpgradeClusterRequest{Name: name})
-			return err
-		},
-		"AddNodes": func() error {
-			_, err := h.clients.clusters.AddNodes(ctx, &clv1.AddNodesRequest{Name: name})
-			return err
-		},
-		"RemoveNodes": func() error {
-			_, err := h.clients.clusters.RemoveNodes(ctx, &clv1.RemoveNodesRequest{Name: name})
-			return err
-		},
-		"DeleteCluster": func() error {
-			_, err := h.clients.clusters.DeleteCluster(ctx, &clv1.DeleteClusterRequest{Name: name})
-			return err
-		},
-	}
-	for method, call := range calls {
-		code, reason, _ := errorInfo(t, call())
-		if code != codes.Unimplemented || reason != "NOT_IMPLEMENTED" {
-			t.Errorf("%s: %v %s; want UNIMPLEMENTED NOT_IMPLEMENTED", method, code, reason)
-		}
-	}
 }
 
 func TestREST(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 )
@@ -22,6 +23,7 @@ import (
 const (
 	clusterPrefix   = "clusters/"
 	operationPrefix = "operations/"
+	machinePrefix   = "machines/"
 )
 
 // parseName checks that name is prefix followed by a UUID and returns the
@@ -56,6 +58,17 @@ func etag(c repository.Cluster) string { return strconv.FormatInt(c.Version, 10)
 // are the same by design, so the mapping is by name.
 func clusterState(s lifecycle.State) clv1.Cluster_State {
 	return clv1.Cluster_State(clv1.Cluster_State_value[s.String()])
+}
+
+// toNode presents a machine of a cluster as one of its nodes.
+func toNode(m infra.Machine) *clv1.Node {
+	return &clv1.Node{
+		Name:              machinePrefix + m.ID,
+		Role:              clv1.Node_Role(clv1.Node_Role_value[string(m.Role)]),
+		Power:             clv1.Node_Power(clv1.Node_Power_value[string(m.Power)]),
+		Joined:            m.Joined,
+		KubernetesVersion: m.KubernetesVersion,
+	}
 }
 
 func toCluster(c repository.Cluster) *clv1.Cluster {

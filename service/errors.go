@@ -30,6 +30,7 @@ const (
 	ReasonDatabaseUnavailable    = "DATABASE_UNAVAILABLE"
 	ReasonNotImplemented         = "NOT_IMPLEMENTED"
 	ReasonInternal               = "INTERNAL"
+	ReasonShuttingDown           = "SHUTTING_DOWN"
 )
 
 // FieldViolation names one invalid request field, in the request's own
@@ -78,11 +79,18 @@ type InvalidTransitionError struct {
 	Cluster string
 	State   lifecycle.State
 	Event   lifecycle.Event
+	// Detail, when set, explains a refusal the transition table alone does
+	// not make (a stopped cluster may scale its offering, not its size).
+	Detail string
 }
 
 // Error is the SPEC's message.
 func (e *InvalidTransitionError) Error() string {
-	return fmt.Sprintf("cluster %s is in state %s, which does not allow %s", e.Cluster, e.State, e.Event)
+	msg := fmt.Sprintf("cluster %s is in state %s, which does not allow %s", e.Cluster, e.State, e.Event)
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
+	return msg
 }
 
 // NotFoundError names the resource a request asked for that does not exist,
@@ -128,6 +136,9 @@ func Status(err error) *status.Status {
 		transition *InvalidTransitionError
 		notImpl    *NotImplementedError
 		missing    *NotFoundError
+		stale      *EtagMismatchError
+		reused     *RequestIDReusedError
+		exists     *AlreadyExistsError
 		conflict   *repository.ConflictError
 	)
 	switch {
@@ -145,6 +156,15 @@ func Status(err error) *status.Status {
 			map[string]string{"cluster": transition.Cluster, "state": transition.State.String(), "event": transition.Event.String()})
 	case errors.As(err, &notImpl):
 		return build(codes.Unimplemented, notImpl.Error(), ReasonNotImplemented, map[string]string{"method": notImpl.Method})
+	case errors.As(err, &stale):
+		return build(codes.Aborted, stale.Error(), ReasonEtagMismatch, map[string]string{"cluster": stale.Cluster, "etag": stale.Current})
+	case errors.As(err, &reused):
+		return build(codes.InvalidArgument, reused.Error(), ReasonInvalidArgument, map[string]string{"operation": reused.Operation},
+			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request_id", Description: reused.Error()}}})
+	case errors.As(err, &exists):
+		return build(codes.AlreadyExists, exists.Error(), ReasonAlreadyExists, nil)
+	case errors.Is(err, errShuttingDown):
+		return build(codes.Unavailable, "the server is shutting down; please retry", ReasonShuttingDown, nil)
 	case errors.As(err, &missing):
 		return build(codes.NotFound, missing.Error(), ReasonNotFound, map[string]string{"resource": missing.Name})
 	case errors.As(err, &conflict):

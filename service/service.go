@@ -6,30 +6,109 @@ package service
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
+	"github.com/clusterd/clusterd/runner"
 )
 
-// ClusterStore is the part of the repository the cluster handlers read.
-type ClusterStore interface {
+// Store is the part of the repository the cluster handlers use.
+type Store interface {
 	GetCluster(ctx context.Context, id string) (repository.Cluster, error)
 	ListClusters(ctx context.Context, q repository.ClusterQuery) ([]repository.Cluster, error)
 	ListEvents(ctx context.Context, clusterID string, after int64, limit int) ([]repository.Event, error)
+	CreateCluster(ctx context.Context, nc repository.NewCluster, nj repository.NewJob) (repository.Cluster, repository.Job, error)
+	Claim(ctx context.Context, t repository.Transition, nj repository.NewJob) (repository.Cluster, repository.Job, error)
+	Transition(ctx context.Context, t repository.Transition) (repository.Cluster, error)
+	FinishJob(ctx context.Context, f repository.Finish) (repository.Job, error)
+	GetJobByRequestID(ctx context.Context, requestID string) (repository.Job, error)
+}
+
+// JobStarter runs claimed jobs asynchronously (the runner).
+type JobStarter interface {
+	Start(t runner.Task) error
+}
+
+// ClustersConfig is what the ClusterLifecycle handlers need.
+type ClustersConfig struct {
+	Store  Store
+	Runner JobStarter
+	Infra  infra.Infrastructure
+	// Catalog bounds what clusters may be made of (default DefaultCatalog()).
+	Catalog *Catalog
+	// ServerID and Incarnation are recorded on every job this server runs.
+	ServerID    string
+	Incarnation string
+	Deadlines   Deadlines
+	// Clock stamps job deadlines (default time.Now).
+	Clock  func() time.Time
+	Logger *slog.Logger
 }
 
 // Clusters implements clusterlifecycle.v1.ClusterLifecycle.
 type Clusters struct {
 	clv1.UnimplementedClusterLifecycleServer
-	store ClusterStore
+	store       Store
+	runner      JobStarter
+	infra       infra.Infrastructure
+	catalog     Catalog
+	serverID    string
+	incarnation string
+	deadlines   Deadlines
+	now         func() time.Time
+	log         *slog.Logger
 }
 
-// NewClusters returns the ClusterLifecycle handlers over store.
-func NewClusters(store ClusterStore) *Clusters {
-	return &Clusters{store: store}
+// NewClusters returns the ClusterLifecycle handlers.
+func NewClusters(cfg ClustersConfig) *Clusters {
+	s := &Clusters{
+		store: cfg.Store, runner: cfg.Runner, infra: cfg.Infra, serverID: cfg.ServerID,
+		incarnation: cfg.Incarnation, deadlines: cfg.Deadlines, now: cfg.Clock, log: cfg.Logger,
+	}
+	if cfg.Catalog != nil {
+		s.catalog = *cfg.Catalog
+	} else {
+		s.catalog = DefaultCatalog()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	return s
+}
+
+// withNodes presents clusters with their nodes, in one infrastructure query.
+func (s *Clusters) withNodes(ctx context.Context, cs ...repository.Cluster) ([]*clv1.Cluster, error) {
+	ids := make([]string, len(cs))
+	out := make([]*clv1.Cluster, len(cs))
+	byID := map[string]*clv1.Cluster{}
+	for i, c := range cs {
+		ids[i] = c.ID
+		out[i] = toCluster(c)
+		byID[c.ID] = out[i]
+	}
+	if len(cs) == 0 {
+		return out, nil
+	}
+	machines, err := s.infra.Machines(ctx, ids...)
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	for _, m := range machines {
+		if c := byID[m.ClusterID]; c != nil {
+			c.Nodes = append(c.Nodes, toNode(m))
+		}
+	}
+	return out, nil
 }
 
 // GetCluster returns one cluster.
@@ -42,7 +121,11 @@ func (s *Clusters) GetCluster(ctx context.Context, req *clv1.GetClusterRequest) 
 	if err != nil {
 		return nil, notFound(err, req.GetName())
 	}
-	return toCluster(c), nil
+	out, err := s.withNodes(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return out[0], nil
 }
 
 // clusterFilterFields are the fields ListClusters can filter on.
@@ -87,9 +170,9 @@ func (s *Clusters) ListClusters(ctx context.Context, req *clv1.ListClustersReque
 	if more {
 		cs = cs[:size]
 	}
-	resp := &clv1.ListClustersResponse{Clusters: make([]*clv1.Cluster, len(cs))}
-	for i, c := range cs {
-		resp.Clusters[i] = toCluster(c)
+	resp := &clv1.ListClustersResponse{}
+	if resp.Clusters, err = s.withNodes(ctx, cs...); err != nil {
+		return nil, err
 	}
 	if more {
 		resp.NextPageToken = encodePageToken(cs[len(cs)-1].ID, "clusters?"+req.GetFilter(), true)

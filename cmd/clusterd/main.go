@@ -12,10 +12,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/clusterd/clusterd/server"
+	"github.com/clusterd/clusterd/service"
 )
 
 func main() {
@@ -55,6 +58,33 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8080", "REST gateway listen address (also /healthz and /openapi.json)")
 	fs.StringVar(&cfg.ServerID, "server-id", host, "this server's id among its peers")
 	fs.StringVar(&cfg.Infra, "infra", "sim", "infrastructure driver (sim)")
+	fs.DurationVar(&cfg.SimStepDelay, "sim-step-delay", 100*time.Millisecond, "time every simulated infrastructure step takes")
+	catalog := service.DefaultCatalog()
+	cfg.Catalog = &catalog
+	fs.Func("kubernetes-versions", "installable Kubernetes versions, comma-separated (default "+strings.Join(catalog.Versions, ",")+")", func(v string) error {
+		vs, err := service.ParseVersions(v)
+		catalog.Versions = vs
+		return err
+	})
+	fs.Func("service-offerings", "service offerings as name:vCPUs:memoryMB, comma-separated (default small:1:1024,medium:2:2048,large:4:8192,xlarge:8:16384)", func(v string) error {
+		os, err := service.ParseOfferings(v)
+		catalog.Offerings = os
+		return err
+	})
+	fs.Func("max-cluster-size", "the most nodes (control + workers) a cluster may have (default 50)", func(v string) error {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil || n < 2 {
+			return fmt.Errorf("want an integer of at least 2")
+		}
+		catalog.MaxClusterSize = int32(n)
+		return nil
+	})
+	cfg.Deadlines = service.Deadlines{Default: time.Hour}
+	fs.Func("operation-deadline", "how long an operation may run: a duration, optionally with per-kind overrides (e.g. 1h,create=30m,upgrade=2h; default 1h)", func(v string) error {
+		d, err := service.ParseDeadlines(v)
+		cfg.Deadlines = d
+		return err
+	})
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 0, "how long graceful shutdown may take (default 15s)")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	fs.Usage = func() {

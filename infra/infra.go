@@ -1,0 +1,159 @@
+// Package infra is the infrastructure clusterd's operation workers drive:
+// machines with a role and a power state, the Kubernetes node on each, and
+// the cluster's network rules. Every call is one named step (the names are
+// stable: fault injection and operation metadata use them) and every step is
+// idempotent, so an operation that is run again after an interruption
+// converges instead of failing on what it already did.
+//
+// The default implementation is the simulator (package infra/sim); real
+// drivers come later behind the same interface.
+package infra
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Step names, stable: fault injection and OperationMetadata.step use them.
+const (
+	StepProvisionMachine = "provision_machine"
+	StepPowerOn          = "power_on"
+	StepPowerOff         = "power_off"
+	StepAttachISO        = "attach_iso"
+	StepDetachISO        = "detach_iso"
+	StepConfigureNetwork = "configure_network"
+	StepJoinNode         = "join_node"
+	StepWaitAPI          = "wait_api"
+	StepFetchKubeconfig  = "fetch_kubeconfig"
+	StepDeployProvider   = "deploy_provider"
+	StepDeployAutoscaler = "deploy_autoscaler"
+	StepDrainNode        = "drain_node"
+	StepDeleteNode       = "delete_node"
+	StepUpgradeNode      = "upgrade_node"
+	StepValidateNode     = "validate_node"
+	StepDestroyMachine   = "destroy_machine"
+	// StepResizeMachine changes a machine's service offering (a scale of the
+	// offering); the model does it as a VM scale, which has no name in the
+	// step list above.
+	StepResizeMachine = "resize_machine"
+)
+
+// Steps lists every step name, for validating fault injection requests.
+func Steps() []string {
+	return []string{
+		StepProvisionMachine, StepPowerOn, StepPowerOff, StepAttachISO, StepDetachISO,
+		StepConfigureNetwork, StepJoinNode, StepWaitAPI, StepFetchKubeconfig, StepDeployProvider,
+		StepDeployAutoscaler, StepDrainNode, StepDeleteNode, StepUpgradeNode, StepValidateNode,
+		StepDestroyMachine, StepResizeMachine,
+	}
+}
+
+// Role is what a machine does in a cluster.
+type Role string
+
+// Roles.
+const (
+	RoleControl  Role = "CONTROL"
+	RoleWorker   Role = "WORKER"
+	RoleExternal Role = "EXTERNAL" // belongs to no cluster; AddNodes can take it
+)
+
+// Power is a machine's power state.
+type Power string
+
+// Power states.
+const (
+	PowerRunning Power = "RUNNING"
+	PowerStopped Power = "STOPPED"
+)
+
+// Machine is one (simulated or real) virtual machine.
+type Machine struct {
+	ID string
+	// ClusterID is the cluster the machine belongs to; empty for a free one.
+	ClusterID         string
+	Role              Role
+	Power             Power
+	Joined            bool
+	Cordoned          bool
+	KubernetesVersion string
+	AttachedISO       string
+	Offering          string
+	CreateTime        time.Time
+}
+
+// Rule lets traffic reach a machine: kind is "api" (control nodes, 6443),
+// "ssh" (every node, 22) or "nodeport".
+type Rule struct {
+	MachineID string
+	Kind      string
+	Port      int32
+}
+
+// Call says who runs a step: fault injection matches on the cluster, and the
+// simulator lists held steps with their operation and machine.
+type Call struct {
+	ClusterID string
+	Operation string
+	MachineID string
+}
+
+// ErrNotFound: the machine does not exist.
+var ErrNotFound = errors.New("machine not found")
+
+// ErrUnusable: a machine cannot be used as asked (AddNodes of a machine that
+// is not a free, running EXTERNAL machine; taken concurrently by another
+// cluster). It is a permanent failure of the step, not a fault.
+var ErrUnusable = errors.New("machine not usable")
+
+// Infrastructure is what operation workers drive. Every method that changes
+// something is a step: it is named by one of the Step constants, honours
+// ctx, and is idempotent.
+type Infrastructure interface {
+	// Machines lists the machines of the given clusters (all machines of
+	// all clusters and free ones when none is given), oldest first.
+	Machines(ctx context.Context, clusterIDs ...string) ([]Machine, error)
+	// Machine reads one machine (ErrNotFound).
+	Machine(ctx context.Context, id string) (Machine, error)
+
+	// ProvisionMachine (provision_machine) creates machine id for the call's
+	// cluster, powered on, not joined. The caller picks the id (stable per
+	// operation and slot), so a rerun finds it instead of creating another.
+	ProvisionMachine(ctx context.Context, c Call, id string, role Role, offering, version string) (Machine, error)
+	// PowerOn (power_on) and PowerOff (power_off) set c.MachineID's power.
+	PowerOn(ctx context.Context, c Call) error
+	PowerOff(ctx context.Context, c Call) error
+	// ResizeMachine (resize_machine) changes c.MachineID's offering.
+	ResizeMachine(ctx context.Context, c Call, offering string) error
+	// AttachISO (attach_iso) and DetachISO (detach_iso) on c.MachineID.
+	AttachISO(ctx context.Context, c Call, iso string) error
+	DetachISO(ctx context.Context, c Call) error
+	// ConfigureNetwork (configure_network) converges the call's cluster's
+	// rules to want: missing rules are added before extra ones are removed,
+	// so no machine is ever without its rules.
+	ConfigureNetwork(ctx context.Context, c Call, want []Rule) error
+	// JoinNode (join_node) joins c.MachineID to its cluster's Kubernetes.
+	JoinNode(ctx context.Context, c Call) error
+	// WaitAPI (wait_api) waits for the cluster's API server and returns its endpoint.
+	WaitAPI(ctx context.Context, c Call) (endpoint string, err error)
+	// FetchKubeconfig (fetch_kubeconfig) and DeployProvider (deploy_provider) finish a cluster.
+	FetchKubeconfig(ctx context.Context, c Call) error
+	DeployProvider(ctx context.Context, c Call) error
+	// DeployAutoscaler (deploy_autoscaler) deploys or removes the autoscaler.
+	DeployAutoscaler(ctx context.Context, c Call, enabled bool, minSize, maxSize int32) error
+	// DrainNode (drain_node) cordons and drains c.MachineID.
+	DrainNode(ctx context.Context, c Call) error
+	// DeleteNode (delete_node) removes c.MachineID from Kubernetes and from
+	// its cluster; the machine becomes a free EXTERNAL machine.
+	DeleteNode(ctx context.Context, c Call) error
+	// UpgradeNode (upgrade_node) upgrades c.MachineID to version and uncordons it.
+	UpgradeNode(ctx context.Context, c Call, version string) error
+	// ValidateNode (validate_node) checks that c.MachineID is a free, running
+	// EXTERNAL machine and assigns it to the call's cluster as a worker
+	// (ErrUnusable otherwise). Idempotent: a machine already assigned to the
+	// call's cluster validates.
+	ValidateNode(ctx context.Context, c Call) error
+	// DestroyMachine (destroy_machine) deletes c.MachineID; a machine that is gone is destroyed.
+	DestroyMachine(ctx context.Context, c Call) error
+}

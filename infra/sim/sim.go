@@ -1,0 +1,197 @@
+// Package sim is clusterd's default infrastructure: a simulator whose
+// machines and network rules live in clusterd's own database (so they
+// outlive a server crash, and a restarted server finds what its operations
+// left), with a configurable delay on every step and fault injection that
+// fails, delays or holds any named step (SPEC §6).
+//
+// Every step is idempotent, like a real driver's must be: an operation run
+// again after an interruption converges instead of failing on what it did
+// the first time.
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// Store is the part of the repository the simulator keeps its machines and
+// network rules in.
+type Store interface {
+	CreateMachine(ctx context.Context, m repository.Machine) (repository.Machine, error)
+	GetMachine(ctx context.Context, id string) (repository.Machine, error)
+	ListMachines(ctx context.Context, clusterIDs ...string) ([]repository.Machine, error)
+	UpdateMachine(ctx context.Context, id string, cond repository.MachineCondition, ch repository.MachineChanges) (repository.Machine, error)
+	DeleteMachine(ctx context.Context, id string) error
+	ListNetworkRules(ctx context.Context, clusterID string) ([]repository.NetworkRule, error)
+	AddNetworkRules(ctx context.Context, rules []repository.NetworkRule) error
+	DeleteNetworkRules(ctx context.Context, rules []repository.NetworkRule) error
+}
+
+// Config tunes the simulator.
+type Config struct {
+	// StepDelay is slept at the start of every step, so that demos show
+	// progress; tests use 0.
+	StepDelay time.Duration
+	// Clock stamps held steps; nil is time.Now.
+	Clock func() time.Time
+	// Logger records faults firing and being released; nil discards.
+	Logger *slog.Logger
+}
+
+// Simulator implements infra.Infrastructure over a Store. It is safe for
+// concurrent use.
+type Simulator struct {
+	store Store
+	delay time.Duration
+	now   func() time.Time
+	log   *slog.Logger
+	inj   *injector
+}
+
+var _ infra.Infrastructure = (*Simulator)(nil)
+
+// New returns a simulator keeping its machines in store.
+func New(store Store, cfg Config) *Simulator {
+	s := &Simulator{store: store, delay: cfg.StepDelay, now: cfg.Clock, log: cfg.Logger, inj: newInjector()}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	return s
+}
+
+// step is the start of every step: the step delay, then the first fault
+// that matches. A cancelled context is returned as ctx.Err().
+func (s *Simulator) step(ctx context.Context, name string, c infra.Call) error {
+	s.log.Debug("step", "step", name, "cluster", c.ClusterID, "operation", c.Operation, "machine", c.MachineID)
+	if err := sleep(ctx, s.delay); err != nil {
+		return err
+	}
+	if err := s.fire(ctx, name, c); err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+			return err
+		}
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// sleep waits d, or returns ctx's error as soon as ctx ends (at once if it
+// has ended already).
+func sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Machines lists the machines of the given clusters, or every machine
+// (free ones too) when none is given, oldest first.
+func (s *Simulator) Machines(ctx context.Context, clusterIDs ...string) ([]infra.Machine, error) {
+	ms, err := s.store.ListMachines(ctx, clusterIDs...)
+	if err != nil {
+		return nil, fmt.Errorf("list machines: %w", err)
+	}
+	out := make([]infra.Machine, len(ms))
+	for i, m := range ms {
+		out[i] = toMachine(m)
+	}
+	return out, nil
+}
+
+// Machine reads one machine (infra.ErrNotFound).
+func (s *Simulator) Machine(ctx context.Context, id string) (infra.Machine, error) {
+	m, err := s.store.GetMachine(ctx, id)
+	if err != nil {
+		return infra.Machine{}, missing(err, id)
+	}
+	return toMachine(m), nil
+}
+
+// CreateMachine adds a free, running EXTERNAL machine to the pool that
+// AddNodes takes machines from. Machines of other roles only exist in a
+// cluster, which provisions them itself, so they are refused.
+func (s *Simulator) CreateMachine(ctx context.Context, role infra.Role) (infra.Machine, error) {
+	if role != infra.RoleExternal {
+		return infra.Machine{}, fmt.Errorf("create machine: only %s machines can exist without a cluster, not %q", infra.RoleExternal, role)
+	}
+	m, err := s.store.CreateMachine(ctx, repository.Machine{
+		ID: uuid.Must(uuid.NewV7()).String(), Role: string(role), Power: string(infra.PowerRunning),
+	})
+	if err != nil {
+		return infra.Machine{}, fmt.Errorf("create machine: %w", err)
+	}
+	s.log.Info("machine created", "machine", m.ID, "role", m.Role)
+	return toMachine(m), nil
+}
+
+// SetMachinePower powers a machine on or off out of band, as an operator or
+// a failure would: no step, so no delay and no faults. The scanner is meant
+// to notice.
+func (s *Simulator) SetMachinePower(ctx context.Context, id string, p infra.Power) (infra.Machine, error) {
+	if p != infra.PowerRunning && p != infra.PowerStopped {
+		return infra.Machine{}, fmt.Errorf("set power of machine %s: power %q is not %s or %s", id, p, infra.PowerRunning, infra.PowerStopped)
+	}
+	m, err := s.store.UpdateMachine(ctx, id, repository.MachineCondition{}, repository.MachineChanges{Power: new(string(p))})
+	if err != nil {
+		return infra.Machine{}, fmt.Errorf("set power of machine %s: %w", id, missing(err, id))
+	}
+	s.log.Info("machine power set out of band", "machine", id, "power", p)
+	return toMachine(m), nil
+}
+
+// ListNetworkRules lists a cluster's network rules, by machine, kind and port.
+func (s *Simulator) ListNetworkRules(ctx context.Context, clusterID string) ([]infra.Rule, error) {
+	rs, err := s.store.ListNetworkRules(ctx, clusterID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]infra.Rule, len(rs))
+	for i, r := range rs {
+		out[i] = infra.Rule{MachineID: r.MachineID, Kind: r.Kind, Port: r.Port}
+	}
+	return out, nil
+}
+
+func toMachine(m repository.Machine) infra.Machine {
+	return infra.Machine{
+		ID:                m.ID,
+		ClusterID:         m.ClusterID,
+		Role:              infra.Role(m.Role),
+		Power:             infra.Power(m.Power),
+		Joined:            m.Joined,
+		Cordoned:          m.Cordoned,
+		KubernetesVersion: m.KubernetesVersion,
+		AttachedISO:       m.AttachedISO,
+		Offering:          m.Offering,
+		CreateTime:        m.CreateTime,
+	}
+}
+
+// missing turns the repository's ErrNotFound for a machine into infra's.
+func missing(err error, id string) error {
+	if errors.Is(err, repository.ErrNotFound) {
+		return fmt.Errorf("machine %s: %w", id, infra.ErrNotFound)
+	}
+	return err
+}

@@ -1,0 +1,336 @@
+package repository
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// Machine is a simulated machine as stored. The simulator keeps its machines
+// here, next to the clusters, so that they outlive a server crash and a
+// restarted server sees what its operations left. Role and Power are the
+// infrastructure's names (CONTROL, WORKER, EXTERNAL; RUNNING, STOPPED); the
+// repository stores them without interpreting them.
+type Machine struct {
+	ID string
+	// ClusterID is the cluster the machine belongs to; empty for a free one.
+	ClusterID         string
+	Role              string
+	Power             string
+	Joined            bool
+	Cordoned          bool
+	KubernetesVersion string
+	AttachedISO       string
+	Offering          string
+	CreateTime        time.Time
+	UpdateTime        time.Time
+}
+
+// MachineCondition is what a conditional machine update requires of the row,
+// so that a check and the write it justifies are one statement: adopting a
+// free machine, for instance, must not let two clusters both take it. Empty
+// fields require nothing.
+type MachineCondition struct {
+	// ClusterIDs, when not empty, requires the machine's cluster to be one
+	// of them ("" is the free pool).
+	ClusterIDs []string
+	// Role and Power, when set, require that role and that power state.
+	Role  string
+	Power string
+}
+
+// MachineChanges are the fields an update writes; nil fields keep their value.
+type MachineChanges struct {
+	ClusterID         *string
+	Role              *string
+	Power             *string
+	Joined            *bool
+	Cordoned          *bool
+	KubernetesVersion *string
+	AttachedISO       *string
+	Offering          *string
+}
+
+// NetworkRule lets one kind of traffic reach one machine of a cluster.
+type NetworkRule struct {
+	ClusterID string
+	MachineID string
+	Kind      string
+	Port      int32
+}
+
+// machineRow and networkRuleRow are the GORM mappings, unexported like the others.
+type machineRow struct {
+	ID                string `gorm:"primaryKey"`
+	ClusterID         string
+	Role              string
+	Power             string
+	Joined            bool
+	Cordoned          bool
+	KubernetesVersion string
+	AttachedISO       string `gorm:"column:attached_iso"`
+	Offering          string
+	CreateTime        time.Time
+	UpdateTime        time.Time
+}
+
+func (machineRow) TableName() string { return "machines" }
+
+type networkRuleRow struct {
+	ID        int64 `gorm:"primaryKey;autoIncrement"`
+	ClusterID string
+	MachineID string
+	Kind      string
+	Port      int32
+}
+
+func (networkRuleRow) TableName() string { return "network_rules" }
+
+func (r *machineRow) toMachine() Machine {
+	return Machine{
+		ID:                r.ID,
+		ClusterID:         r.ClusterID,
+		Role:              r.Role,
+		Power:             r.Power,
+		Joined:            r.Joined,
+		Cordoned:          r.Cordoned,
+		KubernetesVersion: r.KubernetesVersion,
+		AttachedISO:       r.AttachedISO,
+		Offering:          r.Offering,
+		CreateTime:        r.CreateTime.UTC(),
+		UpdateTime:        r.UpdateTime.UTC(),
+	}
+}
+
+// CreateMachine inserts a machine with the id the caller chose (ErrAlreadyExists
+// if it is taken), so that a step run again finds its machine instead of
+// making another. The times are stamped here.
+func (s *Store) CreateMachine(ctx context.Context, m Machine) (Machine, error) {
+	if m.ID == "" {
+		return Machine{}, errors.New("create machine: empty id")
+	}
+	now := s.stamp()
+	row := machineRow{
+		ID:                m.ID,
+		ClusterID:         m.ClusterID,
+		Role:              m.Role,
+		Power:             m.Power,
+		Joined:            m.Joined,
+		Cordoned:          m.Cordoned,
+		KubernetesVersion: m.KubernetesVersion,
+		AttachedISO:       m.AttachedISO,
+		Offering:          m.Offering,
+		CreateTime:        now,
+		UpdateTime:        now,
+	}
+	if err := s.db.WithContext(ctx).Create(&row).Error; err != nil {
+		return Machine{}, fmt.Errorf("create machine %s: %w", m.ID, classify(err))
+	}
+	return row.toMachine(), nil
+}
+
+// GetMachine reads one machine (ErrNotFound).
+func (s *Store) GetMachine(ctx context.Context, id string) (Machine, error) {
+	return s.getMachine(s.db.WithContext(ctx), id)
+}
+
+func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
+	var row machineRow
+	err := db.Where("id = ?", id).Take(&row).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Machine{}, fmt.Errorf("machine %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Machine{}, fmt.Errorf("get machine %s: %w", id, classify(err))
+	}
+	return row.toMachine(), nil
+}
+
+// ListMachines returns the machines of the given clusters ("" names the free
+// pool), or every machine when none is given, oldest first.
+func (s *Store) ListMachines(ctx context.Context, clusterIDs ...string) ([]Machine, error) {
+	db := s.db.WithContext(ctx)
+	if len(clusterIDs) > 0 {
+		db = db.Where("cluster_id IN ?", clusterIDs)
+	}
+	var rows []machineRow
+	if err := db.Order("create_time, id").Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("list machines: %w", classify(err))
+	}
+	out := make([]Machine, len(rows))
+	for i := range rows {
+		out[i] = rows[i].toMachine()
+	}
+	return out, nil
+}
+
+// UpdateMachine writes ch to machine id if, in the same statement, the row
+// still meets cond; it returns the machine as written. A machine that does
+// not meet cond is left alone and the error is ErrConflict (with what the
+// row holds now); a missing machine is ErrNotFound.
+func (s *Store) UpdateMachine(ctx context.Context, id string, cond MachineCondition, ch MachineChanges) (Machine, error) {
+	set := map[string]any{"update_time": s.stamp()}
+	if ch.ClusterID != nil {
+		set["cluster_id"] = *ch.ClusterID
+	}
+	if ch.Role != nil {
+		set["role"] = *ch.Role
+	}
+	if ch.Power != nil {
+		set["power"] = *ch.Power
+	}
+	if ch.Joined != nil {
+		set["joined"] = *ch.Joined
+	}
+	if ch.Cordoned != nil {
+		set["cordoned"] = *ch.Cordoned
+	}
+	if ch.KubernetesVersion != nil {
+		set["kubernetes_version"] = *ch.KubernetesVersion
+	}
+	if ch.AttachedISO != nil {
+		set["attached_iso"] = *ch.AttachedISO
+	}
+	if ch.Offering != nil {
+		set["offering"] = *ch.Offering
+	}
+
+	var out Machine
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		q := tx.Model(&machineRow{}).Where("id = ?", id)
+		if len(cond.ClusterIDs) > 0 {
+			q = q.Where("cluster_id IN ?", cond.ClusterIDs)
+		}
+		if cond.Role != "" {
+			q = q.Where("role = ?", cond.Role)
+		}
+		if cond.Power != "" {
+			q = q.Where("power = ?", cond.Power)
+		}
+		res := q.Updates(set)
+		if res.Error != nil {
+			return fmt.Errorf("update machine %s: %w", id, classify(res.Error))
+		}
+		m, err := s.getMachine(tx, id)
+		if err != nil {
+			return err
+		}
+		if res.RowsAffected != 1 {
+			return fmt.Errorf("machine %s is %s, not %s: %w", id, describeMachine(m), cond, ErrConflict)
+		}
+		out = m
+		return nil
+	})
+	if err != nil {
+		return Machine{}, err
+	}
+	return out, nil
+}
+
+// String prints a condition for error messages.
+func (c MachineCondition) String() string {
+	var parts []string
+	if len(c.ClusterIDs) > 0 {
+		names := make([]string, len(c.ClusterIDs))
+		for i, id := range c.ClusterIDs {
+			names[i] = clusterOrFree(id)
+		}
+		parts = append(parts, "in "+strings.Join(names, " or "))
+	}
+	if c.Role != "" {
+		parts = append(parts, c.Role)
+	}
+	if c.Power != "" {
+		parts = append(parts, c.Power)
+	}
+	if len(parts) == 0 {
+		return "anything"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func describeMachine(m Machine) string {
+	return fmt.Sprintf("in %s, %s, %s", clusterOrFree(m.ClusterID), m.Role, m.Power)
+}
+
+func clusterOrFree(id string) string {
+	if id == "" {
+		return "the free pool"
+	}
+	return "cluster " + id
+}
+
+// DeleteMachine deletes a machine and its network rules in one transaction.
+// A machine that is already gone is deleted: destroying is idempotent.
+func (s *Store) DeleteMachine(ctx context.Context, id string) error {
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Where("machine_id = ?", id).Delete(&networkRuleRow{}).Error; err != nil {
+			return classify(err)
+		}
+		return classify(tx.Where("id = ?", id).Delete(&machineRow{}).Error)
+	})
+	if err != nil {
+		return fmt.Errorf("delete machine %s: %w", id, err)
+	}
+	return nil
+}
+
+// ListNetworkRules returns a cluster's network rules ordered by machine,
+// kind and port.
+func (s *Store) ListNetworkRules(ctx context.Context, clusterID string) ([]NetworkRule, error) {
+	var rows []networkRuleRow
+	err := s.db.WithContext(ctx).Where("cluster_id = ?", clusterID).
+		Order("machine_id, kind, port").Find(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("list network rules of cluster %s: %w", clusterID, classify(err))
+	}
+	out := make([]NetworkRule, len(rows))
+	for i, r := range rows {
+		out[i] = NetworkRule{ClusterID: r.ClusterID, MachineID: r.MachineID, Kind: r.Kind, Port: r.Port}
+	}
+	return out, nil
+}
+
+// AddNetworkRules inserts the rules in one statement; rules that exist
+// already are left as they are, so adding is idempotent.
+func (s *Store) AddNetworkRules(ctx context.Context, rules []NetworkRule) error {
+	if len(rules) == 0 {
+		return nil
+	}
+	rows := make([]networkRuleRow, len(rules))
+	for i, r := range rules {
+		rows[i] = networkRuleRow{ClusterID: r.ClusterID, MachineID: r.MachineID, Kind: r.Kind, Port: r.Port}
+	}
+	err := s.db.WithContext(ctx).Clauses(clause.OnConflict{DoNothing: true}).Create(&rows).Error
+	if err != nil {
+		return fmt.Errorf("add %d network rules: %w", len(rules), classify(err))
+	}
+	return nil
+}
+
+// DeleteNetworkRules deletes the rules in one transaction; rules that are
+// gone already are deleted, so deleting is idempotent.
+func (s *Store) DeleteNetworkRules(ctx context.Context, rules []NetworkRule) error {
+	if len(rules) == 0 {
+		return nil
+	}
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, r := range rules {
+			err := tx.Where("cluster_id = ? AND machine_id = ? AND kind = ? AND port = ?",
+				r.ClusterID, r.MachineID, r.Kind, r.Port).Delete(&networkRuleRow{}).Error
+			if err != nil {
+				return classify(err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("delete %d network rules: %w", len(rules), err)
+	}
+	return nil
+}

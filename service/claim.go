@@ -1,0 +1,190 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/google/uuid"
+
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// Operation kinds (the job's kind and OperationMetadata.verb).
+const (
+	VerbCreate      = "create"
+	VerbStart       = "start"
+	VerbStop        = "stop"
+	VerbScale       = "scale"
+	VerbUpgrade     = "upgrade"
+	VerbAddNodes    = "add_nodes"
+	VerbRemoveNodes = "remove_nodes"
+	VerbDelete      = "delete"
+)
+
+// Verbs lists every operation kind a client can start.
+func Verbs() []string {
+	return []string{VerbCreate, VerbStart, VerbStop, VerbScale, VerbUpgrade, VerbAddNodes, VerbRemoveNodes, VerbDelete}
+}
+
+// EtagMismatchError refuses a request made against a version of the cluster
+// that is no longer current (AIP-154).
+type EtagMismatchError struct {
+	Cluster string
+	Sent    string
+	Current string
+}
+
+// Error says which etag is current.
+func (e *EtagMismatchError) Error() string {
+	return fmt.Sprintf("cluster %s has changed since etag %q (current etag %q); read it again and retry", e.Cluster, e.Sent, e.Current)
+}
+
+// RequestIDReusedError refuses a request_id that an earlier, different
+// request already used (AIP-155 keys identify one request).
+type RequestIDReusedError struct {
+	RequestID string
+	Operation string
+}
+
+// Error names the earlier operation.
+func (e *RequestIDReusedError) Error() string {
+	return fmt.Sprintf("request_id %s was already used by %s for a different request", e.RequestID, e.Operation)
+}
+
+// request is one mutating RPC on an existing cluster, reduced to what the
+// shared claim path needs.
+type request struct {
+	name      string // clusters/{uuid}
+	requestID string
+	etag      string
+	verb      string
+	// event is the state machine event the request sends; eventFor, when
+	// set, picks it from the cluster as read (a scale up or down).
+	event    lifecycle.Event
+	eventFor func(c repository.Cluster) lifecycle.Event
+	// params are stored on the job (JSON) so an interrupted operation can
+	// be understood and rerun.
+	params any
+	// check validates the request against the cluster as read, after the
+	// holder and state checks (e.g. an offering smaller than the current
+	// one). It must not change anything.
+	check func(ctx context.Context, c repository.Cluster) error
+	// work runs the operation's steps once the claim has committed.
+	work workFunc
+}
+
+// validateRequestID checks an AIP-155 request id: empty or a UUID.
+func validateRequestID(id string) error {
+	if id == "" {
+		return nil
+	}
+	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
+		return invalid("request_id", "must be a UUID, got %q", id)
+	}
+	return nil
+}
+
+// replay returns the operation an earlier request with the same request_id
+// started, so a retried request never starts a second job. found is false
+// when the id is new.
+func (s *Clusters) replay(ctx context.Context, requestID, verb, clusterID string) (*longrunningpb.Operation, bool, error) {
+	if requestID == "" {
+		return nil, false, nil
+	}
+	j, err := s.store.GetJobByRequestID(ctx, requestID)
+	if errors.Is(err, repository.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if j.Kind != verb || (clusterID != "" && j.ResourceID != clusterID) {
+		return nil, true, &RequestIDReusedError{RequestID: requestID, Operation: operationName(j.ID)}
+	}
+	op, err := toOperation(j)
+	return op, true, err
+}
+
+// admit applies SPEC §3.3 to a cluster as read: a stale etag, then another
+// operation holding the cluster (ABORTED), then a state with no transition
+// for the event (FAILED_PRECONDITION). It changes nothing.
+func admit(c repository.Cluster, etagSent string, ev lifecycle.Event) error {
+	name := clusterName(c.ID)
+	if etagSent != "" && etagSent != etag(c) {
+		return &EtagMismatchError{Cluster: name, Sent: etagSent, Current: etag(c)}
+	}
+	if c.CurrentOperation != "" {
+		return &OperationInProgressError{Cluster: name, Operation: operationName(c.CurrentOperation)}
+	}
+	if _, err := lifecycle.Admit(c.State, ev); err != nil {
+		return &InvalidTransitionError{Cluster: name, State: c.State, Event: ev}
+	}
+	return nil
+}
+
+// run is the shared path of every mutating RPC on an existing cluster:
+// validate the name and request id, replay a retried request, read the
+// cluster, refuse per SPEC §3.3, claim (CAS + job row in one transaction),
+// and only then start the work. A refused request changes nothing.
+func (s *Clusters) run(ctx context.Context, r request) (*longrunningpb.Operation, error) {
+	id, err := parseName("name", r.name, clusterPrefix)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateRequestID(r.requestID); err != nil {
+		return nil, err
+	}
+	if op, found, err := s.replay(ctx, r.requestID, r.verb, id); found || err != nil {
+		return op, err
+	}
+	c, err := s.store.GetCluster(ctx, id)
+	if err != nil {
+		return nil, notFound(err, r.name)
+	}
+	ev := r.event
+	if r.eventFor != nil {
+		ev = r.eventFor(c)
+	}
+	if err := admit(c, r.etag, ev); err != nil {
+		return nil, err
+	}
+	if r.check != nil {
+		if err := r.check(ctx, c); err != nil {
+			return nil, err
+		}
+	}
+	params, err := json.Marshal(r.params)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s parameters: %w", r.verb, err)
+	}
+	_, job, err := s.store.Claim(ctx, repository.Transition{
+		ClusterID: id, Expect: c.Expect(), Event: ev,
+		Message: fmt.Sprintf("%s requested", r.verb),
+	}, s.newJob(r.verb, r.requestID, string(params)))
+	if errors.Is(err, repository.ErrAlreadyExists) && r.requestID != "" {
+		// The same request_id raced in concurrently and won: answer with its operation.
+		if op, found, rerr := s.replay(ctx, r.requestID, r.verb, id); found || rerr != nil {
+			return op, rerr
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.launch(ctx, job, r.work)
+}
+
+// newJob describes the job a claim inserts.
+func (s *Clusters) newJob(verb, requestID, params string) repository.NewJob {
+	return repository.NewJob{
+		Kind:              verb,
+		ServerID:          s.serverID,
+		ServerIncarnation: s.incarnation,
+		RequestID:         requestID,
+		Params:            params,
+		Deadline:          s.now().Add(s.deadlines.For(verb)),
+	}
+}

@@ -1,0 +1,226 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// CreateCluster inserts the CREATED cluster, its create job and the job as
+// its holder in one transaction (SPEC §3.6), so a scale or stop of a cluster
+// still being created is refused with OPERATION_IN_PROGRESS; the job's first
+// step claims STARTING.
+func (s *Clusters) CreateCluster(ctx context.Context, req *clv1.CreateClusterRequest) (*longrunningpb.Operation, error) {
+	nc, err := s.validateCreate(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if op, found, err := s.replay(ctx, req.GetRequestId(), VerbCreate, ""); found || err != nil {
+		return op, err
+	}
+	params, _ := json.Marshal(nc.Spec)
+	c, job, err := s.store.CreateCluster(ctx, nc, s.newJob(VerbCreate, req.GetRequestId(), string(params)))
+	if errors.Is(err, repository.ErrAlreadyExists) {
+		if op, found, rerr := s.replay(ctx, req.GetRequestId(), VerbCreate, ""); found || rerr != nil {
+			return op, rerr
+		}
+		return nil, &AlreadyExistsError{What: fmt.Sprintf("a cluster named %q in account %q", nc.DisplayName, nc.Account)}
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("cluster created", "cluster", c.ID, "name", c.DisplayName, "job", job.ID)
+	return s.launch(ctx, job, s.createWork)
+}
+
+// AlreadyExistsError refuses a create whose unique name is taken.
+type AlreadyExistsError struct{ What string }
+
+// Error names what exists.
+func (e *AlreadyExistsError) Error() string { return e.What + " already exists" }
+
+// createWork provisions a new cluster: claim STARTING, provision the
+// machines, configure the network, attach the version's ISO, wait for the
+// API and for every node to join, detach the ISO, fetch the kubeconfig and
+// deploy the provider (and the autoscaler). A failure before the cluster is
+// up ends in ERROR (CREATE_FAILED); after it, in ALERT.
+func (s *Clusters) createWork(ctx context.Context, o *op) (repository.Changes, error) {
+	o.failEvent = lifecycle.CreateFailed
+	o.expect(1)
+	if err := o.step(ctx, "claim_starting"); err != nil {
+		return repository.Changes{}, err
+	}
+	c, err := o.move(ctx, lifecycle.StartRequested, "create: provisioning")
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	endpoint, err := o.bringUp(ctx, c)
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	o.failEvent = lifecycle.OperationFailed
+	if err := o.finishUp(ctx, c); err != nil {
+		return repository.Changes{}, err
+	}
+	return repository.Changes{Endpoint: &endpoint}, nil
+}
+
+// bringUp converges a cluster's machines to its spec and gets Kubernetes up
+// on them: provision what is missing, power on what is off, network rules,
+// ISO, API, join, detach. Every step is skipped when already done, so create
+// and start share it and a rerun resumes.
+func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string, err error) {
+	s := o.s
+	machines, err := s.infra.Machines(ctx, c.ID)
+	if err != nil {
+		return "", err
+	}
+	have := map[infra.Role]int32{}
+	var stopped, unjoined int32
+	for _, m := range machines {
+		have[m.Role]++
+		stopped += int32(boolInt(m.Power == infra.PowerStopped))
+		unjoined += int32(boolInt(!m.Joined))
+	}
+	want := []struct {
+		role  infra.Role
+		count int32
+	}{{infra.RoleControl, c.Spec.ControlNodeCount}, {infra.RoleWorker, c.Spec.WorkerNodeCount}}
+	missing := max(0, c.Spec.ControlNodeCount-have[infra.RoleControl]) + max(0, c.Spec.WorkerNodeCount-have[infra.RoleWorker])
+	// provision, power on, network, attach, API, join, detach
+	o.expect(missing + stopped + 1 + (unjoined + missing) + 1 + 2*(unjoined+missing))
+	for _, w := range want {
+		for i := have[w.role]; i < w.count; i++ {
+			if err := o.step(ctx, infra.StepProvisionMachine); err != nil {
+				return "", err
+			}
+			id := machineID(o.job.ID, fmt.Sprintf("%s-%d", w.role, i))
+			m, err := s.infra.ProvisionMachine(ctx, o.call(id), id, w.role, c.Spec.ServiceOffering, c.Spec.KubernetesVersion)
+			if err != nil {
+				return "", err
+			}
+			machines = append(machines, m)
+		}
+	}
+	for _, m := range machines {
+		if m.Power == infra.PowerStopped {
+			if err := o.step(ctx, infra.StepPowerOn); err != nil {
+				return "", err
+			}
+			if err := s.infra.PowerOn(ctx, o.call(m.ID)); err != nil {
+				return "", err
+			}
+		}
+	}
+	if err := o.configureNetwork(ctx, machines); err != nil {
+		return "", err
+	}
+	iso := isoFor(c.Spec.KubernetesVersion)
+	for _, m := range machines {
+		if !m.Joined && m.AttachedISO != iso {
+			if err := o.step(ctx, infra.StepAttachISO); err != nil {
+				return "", err
+			}
+			if err := s.infra.AttachISO(ctx, o.call(m.ID), iso); err != nil {
+				return "", err
+			}
+		}
+	}
+	if err := o.step(ctx, infra.StepWaitAPI); err != nil {
+		return "", err
+	}
+	if endpoint, err = s.infra.WaitAPI(ctx, o.call("")); err != nil {
+		return "", err
+	}
+	for _, m := range machines {
+		if !m.Joined {
+			if err := o.step(ctx, infra.StepJoinNode); err != nil {
+				return "", err
+			}
+			if err := s.infra.JoinNode(ctx, o.call(m.ID)); err != nil {
+				return "", err
+			}
+		}
+	}
+	if err := o.detachISOs(ctx, c.ID); err != nil {
+		return "", err
+	}
+	return endpoint, nil
+}
+
+// finishUp fetches the kubeconfig and deploys the provider and, if wanted,
+// the autoscaler: the part of bringing a cluster up that comes after its
+// nodes have joined.
+func (o *op) finishUp(ctx context.Context, c repository.Cluster) error {
+	s := o.s
+	o.expect(2 + int32(boolInt(c.Spec.Autoscaling.Enabled)))
+	if err := o.step(ctx, infra.StepFetchKubeconfig); err != nil {
+		return err
+	}
+	if err := s.infra.FetchKubeconfig(ctx, o.call("")); err != nil {
+		return err
+	}
+	if err := o.step(ctx, infra.StepDeployProvider); err != nil {
+		return err
+	}
+	if err := s.infra.DeployProvider(ctx, o.call("")); err != nil {
+		return err
+	}
+	if a := c.Spec.Autoscaling; a.Enabled {
+		if err := o.step(ctx, infra.StepDeployAutoscaler); err != nil {
+			return err
+		}
+		if err := s.infra.DeployAutoscaler(ctx, o.call(""), true, a.MinSize, a.MaxSize); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// configureNetwork converges the cluster's rules to those its machines need:
+// ssh to every node, the API port to control nodes.
+func (o *op) configureNetwork(ctx context.Context, machines []infra.Machine) error {
+	if err := o.step(ctx, infra.StepConfigureNetwork); err != nil {
+		return err
+	}
+	return o.s.infra.ConfigureNetwork(ctx, o.call(""), rulesFor(machines))
+}
+
+// rulesFor is the desired network rules of a set of machines.
+func rulesFor(machines []infra.Machine) []infra.Rule {
+	var rules []infra.Rule
+	for _, m := range machines {
+		rules = append(rules, infra.Rule{MachineID: m.ID, Kind: "ssh", Port: 22})
+		if m.Role == infra.RoleControl {
+			rules = append(rules, infra.Rule{MachineID: m.ID, Kind: "api", Port: 6443})
+		}
+	}
+	return rules
+}
+
+// detachISOs detaches every ISO left attached to the cluster's machines.
+func (o *op) detachISOs(ctx context.Context, clusterID string) error {
+	machines, err := o.s.infra.Machines(ctx, clusterID)
+	if err != nil {
+		return err
+	}
+	for _, m := range machines {
+		if m.AttachedISO != "" {
+			if err := o.step(ctx, infra.StepDetachISO); err != nil {
+				return err
+			}
+			if err := o.s.infra.DetachISO(ctx, o.call(m.ID)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

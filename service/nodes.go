@@ -1,0 +1,191 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// nodesPlan is an AddNodes or RemoveNodes job's parameters.
+type nodesPlan struct {
+	Machines []string `json:"machines"`
+}
+
+// AddNodes adds free external machines to a cluster as workers. It claims
+// IMPORTING before anything is attached to a candidate machine (SPEC §3.7),
+// so a refused request leaves the machines untouched.
+func (s *Clusters) AddNodes(ctx context.Context, req *clv1.AddNodesRequest) (*longrunningpb.Operation, error) {
+	var v violations
+	if len(req.GetMachines()) == 0 {
+		v.add("machines", "name at least one machines/{uuid}")
+	}
+	plan := nodesPlan{Machines: machineIDs(&v, "machines", req.GetMachines())}
+	if err := v.err(); err != nil {
+		return nil, err
+	}
+	return s.run(ctx, request{
+		name: req.GetName(), requestID: req.GetRequestId(),
+		verb: VerbAddNodes, event: lifecycle.AddNodeRequested, params: plan,
+		check: func(ctx context.Context, c repository.Cluster) error { return s.checkAdd(ctx, c, plan) },
+		work:  func(ctx context.Context, o *op) (repository.Changes, error) { return s.addWork(ctx, o, plan) },
+	})
+}
+
+// checkAdd reads (never changes) the candidate machines: each must be a
+// free, running EXTERNAL machine, and the cluster must stay within its size.
+func (s *Clusters) checkAdd(ctx context.Context, c repository.Cluster, p nodesPlan) error {
+	var v violations
+	for i, id := range p.Machines {
+		field := fmt.Sprintf("machines[%d]", i)
+		m, err := s.infra.Machine(ctx, id)
+		switch {
+		case errors.Is(err, infra.ErrNotFound):
+			v.add(field, "%s does not exist", machinePrefix+id)
+		case err != nil:
+			return err
+		case m.ClusterID == c.ID:
+			v.add(field, "%s is already a node of %s", machinePrefix+id, clusterName(c.ID))
+		case m.ClusterID != "" || m.Role != infra.RoleExternal:
+			v.add(field, "%s is not a free external machine", machinePrefix+id)
+		case m.Power != infra.PowerRunning:
+			v.add(field, "%s is powered off", machinePrefix+id)
+		}
+	}
+	if total := c.Spec.ControlNodeCount + c.Spec.WorkerNodeCount + int32(len(p.Machines)); total > s.catalog.MaxClusterSize {
+		v.add("machines", "the cluster would have %d nodes, more than the maximum cluster size %d", total, s.catalog.MaxClusterSize)
+	}
+	return v.err()
+}
+
+// addWork adopts each machine (validate_node), converges the network rules
+// and joins the new nodes.
+func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.Changes, error) {
+	o.expect(int32(2*len(p.Machines)) + 1)
+	for _, id := range p.Machines {
+		if err := o.step(ctx, infra.StepValidateNode); err != nil {
+			return repository.Changes{}, err
+		}
+		if err := s.infra.ValidateNode(ctx, o.call(id)); err != nil {
+			return repository.Changes{}, err
+		}
+	}
+	c, err := o.held(ctx)
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	machines, err := s.infra.Machines(ctx, c.ID)
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	if err := o.configureNetwork(ctx, machines); err != nil {
+		return repository.Changes{}, err
+	}
+	for _, id := range p.Machines {
+		if err := o.step(ctx, infra.StepJoinNode); err != nil {
+			return repository.Changes{}, err
+		}
+		if err := s.infra.JoinNode(ctx, o.call(id)); err != nil {
+			return repository.Changes{}, err
+		}
+	}
+	spec := c.Spec
+	spec.WorkerNodeCount += int32(len(p.Machines))
+	return repository.Changes{Spec: &spec}, nil
+}
+
+// RemoveNodes drains and removes named nodes (which become free external
+// machines) and revokes their network rules.
+func (s *Clusters) RemoveNodes(ctx context.Context, req *clv1.RemoveNodesRequest) (*longrunningpb.Operation, error) {
+	var v violations
+	if len(req.GetNodes()) == 0 {
+		v.add("nodes", "name at least one machines/{uuid}")
+	}
+	plan := nodesPlan{Machines: machineIDs(&v, "nodes", req.GetNodes())}
+	if err := v.err(); err != nil {
+		return nil, err
+	}
+	return s.run(ctx, request{
+		name: req.GetName(), requestID: req.GetRequestId(),
+		verb: VerbRemoveNodes, event: lifecycle.RemoveNodeRequested, params: plan,
+		check: func(ctx context.Context, c repository.Cluster) error { return s.checkRemove(ctx, c, plan) },
+		work:  func(ctx context.Context, o *op) (repository.Changes, error) { return s.removeWork(ctx, o, plan) },
+	})
+}
+
+// checkRemove: every node belongs to the cluster, and at least one control
+// node and one worker remain.
+func (s *Clusters) checkRemove(ctx context.Context, c repository.Cluster, p nodesPlan) error {
+	var v violations
+	if err := s.checkNodesOf(ctx, &v, "nodes", c.ID, p.Machines, ""); err != nil {
+		return err
+	}
+	if err := v.err(); err != nil {
+		return err
+	}
+	machines, err := s.infra.Machines(ctx, c.ID)
+	if err != nil {
+		return err
+	}
+	left := map[infra.Role]int{}
+	for _, m := range machines {
+		if !slices.Contains(p.Machines, m.ID) {
+			left[m.Role]++
+		}
+	}
+	if left[infra.RoleControl] == 0 {
+		v.add("nodes", "would remove every control node; a cluster keeps at least one")
+	}
+	if left[infra.RoleWorker] == 0 {
+		v.add("nodes", "would remove every worker; a cluster keeps at least one")
+	}
+	return v.err()
+}
+
+func (s *Clusters) removeWork(ctx context.Context, o *op, p nodesPlan) (repository.Changes, error) {
+	c, err := o.held(ctx)
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	machines, err := s.infra.Machines(ctx, c.ID)
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	o.expect(int32(2*len(p.Machines)) + 1)
+	spec := c.Spec
+	var keep []infra.Machine
+	for _, m := range machines {
+		if !slices.Contains(p.Machines, m.ID) {
+			keep = append(keep, m)
+			continue
+		}
+		if err := o.step(ctx, infra.StepDrainNode); err != nil {
+			return repository.Changes{}, err
+		}
+		if err := s.infra.DrainNode(ctx, o.call(m.ID)); err != nil {
+			return repository.Changes{}, err
+		}
+		if err := o.step(ctx, infra.StepDeleteNode); err != nil {
+			return repository.Changes{}, err
+		}
+		if err := s.infra.DeleteNode(ctx, o.call(m.ID)); err != nil {
+			return repository.Changes{}, err
+		}
+		if m.Role == infra.RoleControl {
+			spec.ControlNodeCount--
+		} else {
+			spec.WorkerNodeCount--
+		}
+	}
+	if err := o.configureNetwork(ctx, keep); err != nil {
+		return repository.Changes{}, err
+	}
+	return repository.Changes{Spec: &spec}, nil
+}

@@ -1,0 +1,293 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// scalePlan is what a ScaleCluster request asks for, stored as the job's
+// parameters.
+type scalePlan struct {
+	Workers     *int32                  `json:"workers,omitempty"`
+	Remove      []string                `json:"remove,omitempty"` // machine ids
+	Offering    string                  `json:"offering,omitempty"`
+	Autoscaling *repository.Autoscaling `json:"autoscaling,omitempty"`
+}
+
+// target is the number of workers the plan leads to from current.
+func (p scalePlan) target(current int32) int32 {
+	switch {
+	case p.Workers != nil:
+		return *p.Workers
+	case len(p.Remove) > 0:
+		return current - int32(len(p.Remove))
+	}
+	return current
+}
+
+// event is the state machine event of the plan: an autoscaler change, a size
+// change up or down, or an offering change (SCALE_UP_REQUESTED, which is what
+// lets a stopped cluster go to SCALING_STOPPED_CLUSTER).
+func (p scalePlan) event(current int32) lifecycle.Event {
+	switch t := p.target(current); {
+	case p.Autoscaling != nil:
+		return lifecycle.AutoscaleRequested
+	case t < current:
+		return lifecycle.ScaleDownRequested
+	default:
+		return lifecycle.ScaleUpRequested
+	}
+}
+
+// ScaleCluster changes a cluster's size, offering or autoscaler, entering
+// SCALING (or SCALING_STOPPED_CLUSTER) once, whatever the number of steps
+// (SPEC §3.6).
+func (s *Clusters) ScaleCluster(ctx context.Context, req *clv1.ScaleClusterRequest) (*longrunningpb.Operation, error) {
+	var v violations
+	plan := scalePlan{Workers: req.WorkerNodeCount, Offering: req.GetServiceOffering()}
+	if req.WorkerNodeCount == nil && len(req.GetRemoveNodes()) == 0 && req.GetServiceOffering() == "" && req.GetAutoscaling() == nil {
+		v.add("worker_node_count", "set at least one of worker_node_count, remove_nodes, service_offering and autoscaling")
+	}
+	if req.WorkerNodeCount != nil && req.GetWorkerNodeCount() < 1 {
+		v.add("worker_node_count", "must be at least 1, got %d", req.GetWorkerNodeCount())
+	}
+	plan.Remove = machineIDs(&v, "remove_nodes", req.GetRemoveNodes())
+	if req.GetServiceOffering() != "" {
+		s.catalog.checkOffering(&v, "service_offering", req.GetServiceOffering())
+	}
+	if a := req.GetAutoscaling(); a != nil {
+		if req.WorkerNodeCount != nil || len(req.GetRemoveNodes()) > 0 || req.GetServiceOffering() != "" {
+			v.add("autoscaling", "cannot be combined with other changes: the autoscaler owns the size while enabled")
+		}
+		s.catalog.checkAutoscaling(&v, "autoscaling", a, 0, 0)
+		plan.Autoscaling = &repository.Autoscaling{Enabled: a.GetEnabled(), MinSize: a.GetMinSize(), MaxSize: a.GetMaxSize()}
+	}
+	if err := v.err(); err != nil {
+		return nil, err
+	}
+	return s.run(ctx, request{
+		name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
+		verb: VerbScale, params: plan,
+		eventFor: func(c repository.Cluster) lifecycle.Event { return plan.event(c.Spec.WorkerNodeCount) },
+		check:    func(ctx context.Context, c repository.Cluster) error { return s.checkScale(ctx, c, plan) },
+		work:     func(ctx context.Context, o *op) (repository.Changes, error) { return s.scaleWork(ctx, o, plan) },
+	})
+}
+
+// checkScale validates a scale against the cluster as read.
+func (s *Clusters) checkScale(ctx context.Context, c repository.Cluster, p scalePlan) error {
+	var v violations
+	current, target := c.Spec.WorkerNodeCount, p.target(c.Spec.WorkerNodeCount)
+	if target != current && !lifecycle.IsLive(c.State) {
+		return &InvalidTransitionError{Cluster: clusterName(c.ID), State: c.State, Event: p.event(current),
+			Detail: "a stopped cluster cannot change size; start it first, or change only its service offering"}
+	}
+	if p.Offering == c.Spec.ServiceOffering && target == current && p.Autoscaling == nil {
+		v.add("service_offering", "the cluster already has %d workers of offering %q: nothing to change", current, c.Spec.ServiceOffering)
+	}
+	if target < 1 {
+		v.add("worker_node_count", "a cluster keeps at least 1 worker; %d would remain", target)
+	}
+	if c.Spec.ControlNodeCount+target > s.catalog.MaxClusterSize {
+		v.add("worker_node_count", "%d control + %d workers exceeds the maximum cluster size %d", c.Spec.ControlNodeCount, target, s.catalog.MaxClusterSize)
+	}
+	if len(p.Remove) > 0 {
+		if target >= current {
+			v.add("remove_nodes", "naming nodes to remove needs a smaller worker_node_count (now %d, asked %d)", current, target)
+		} else if int(current-target) != len(p.Remove) {
+			v.add("remove_nodes", "names %d nodes but scaling from %d to %d removes %d", len(p.Remove), current, target, current-target)
+		}
+		if err := s.checkNodesOf(ctx, &v, "remove_nodes", c.ID, p.Remove, infra.RoleWorker); err != nil {
+			return err
+		}
+	}
+	if p.Offering != "" && lifecycle.IsLive(c.State) {
+		cur, next := s.catalog.Offerings[c.Spec.ServiceOffering], s.catalog.Offerings[p.Offering]
+		if next.CPUs < cur.CPUs || next.MemoryMB < cur.MemoryMB {
+			v.add("service_offering", "a running cluster cannot move to a smaller offering (%q is smaller than %q); stop it first", p.Offering, c.Spec.ServiceOffering)
+		}
+	}
+	return v.err()
+}
+
+// checkNodesOf checks that every id is a machine of the cluster with the
+// given role (any role when role is empty).
+func (s *Clusters) checkNodesOf(ctx context.Context, v *violations, field, clusterID string, ids []string, role infra.Role) error {
+	for i, id := range ids {
+		m, err := s.infra.Machine(ctx, id)
+		if errors.Is(err, infra.ErrNotFound) || (err == nil && m.ClusterID != clusterID) {
+			v.add(fmt.Sprintf("%s[%d]", field, i), "%s is not a node of %s", machinePrefix+id, clusterName(clusterID))
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if role != "" && m.Role != role {
+			v.add(fmt.Sprintf("%s[%d]", field, i), "%s is a %s node; only %s nodes can be removed here", machinePrefix+id, m.Role, role)
+		}
+	}
+	return nil
+}
+
+// machineIDs parses machines/{uuid} names, refusing duplicates.
+func machineIDs(v *violations, field string, names []string) []string {
+	var ids []string
+	for i, n := range names {
+		id, err := parseName(field, n, machinePrefix)
+		if err != nil {
+			v.add(fmt.Sprintf("%s[%d]", field, i), "%q is not a machines/{uuid} name", n)
+			continue
+		}
+		if slices.Contains(ids, id) {
+			v.add(fmt.Sprintf("%s[%d]", field, i), "%s is named twice", n)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// scaleWork resizes machines for an offering change, adds or removes
+// workers, and deploys or removes the autoscaler. The new spec is written
+// with the final transition, so an interrupted scale leaves the old spec for
+// recovery to converge to.
+func (s *Clusters) scaleWork(ctx context.Context, o *op, p scalePlan) (repository.Changes, error) {
+	c, err := o.held(ctx)
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	spec := c.Spec
+	machines, err := s.infra.Machines(ctx, c.ID)
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	if p.Offering != "" && p.Offering != spec.ServiceOffering {
+		o.expect(int32(len(machines)))
+		for _, m := range machines {
+			if err := o.step(ctx, infra.StepResizeMachine); err != nil {
+				return repository.Changes{}, err
+			}
+			if err := s.infra.ResizeMachine(ctx, o.call(m.ID), p.Offering); err != nil {
+				return repository.Changes{}, err
+			}
+		}
+		spec.ServiceOffering = p.Offering
+	}
+	current, target := spec.WorkerNodeCount, p.target(spec.WorkerNodeCount)
+	switch {
+	case target > current:
+		if err := o.addWorkers(ctx, c, spec, machines, target-current); err != nil {
+			return repository.Changes{}, err
+		}
+	case target < current:
+		if err := o.removeWorkers(ctx, machines, p.Remove, current-target); err != nil {
+			return repository.Changes{}, err
+		}
+	}
+	spec.WorkerNodeCount = target
+	if a := p.Autoscaling; a != nil {
+		o.expect(1)
+		if err := o.step(ctx, infra.StepDeployAutoscaler); err != nil {
+			return repository.Changes{}, err
+		}
+		if err := s.infra.DeployAutoscaler(ctx, o.call(""), a.Enabled, a.MinSize, a.MaxSize); err != nil {
+			return repository.Changes{}, err
+		}
+		spec.Autoscaling = *a
+	}
+	return repository.Changes{Spec: &spec}, nil
+}
+
+// addWorkers provisions n workers and joins them.
+func (o *op) addWorkers(ctx context.Context, c repository.Cluster, spec repository.Spec, machines []infra.Machine, n int32) error {
+	s := o.s
+	// provision, network, attach, join, detach
+	o.expect(4*n + 1)
+	var added []infra.Machine
+	for i := range n {
+		if err := o.step(ctx, infra.StepProvisionMachine); err != nil {
+			return err
+		}
+		id := machineID(o.job.ID, fmt.Sprintf("worker-%d", i))
+		m, err := s.infra.ProvisionMachine(ctx, o.call(id), id, infra.RoleWorker, spec.ServiceOffering, spec.KubernetesVersion)
+		if err != nil {
+			return err
+		}
+		added = append(added, m)
+	}
+	if err := o.configureNetwork(ctx, append(slices.Clone(machines), added...)); err != nil {
+		return err
+	}
+	iso := isoFor(spec.KubernetesVersion)
+	for _, m := range added {
+		if err := o.step(ctx, infra.StepAttachISO); err != nil {
+			return err
+		}
+		if err := s.infra.AttachISO(ctx, o.call(m.ID), iso); err != nil {
+			return err
+		}
+	}
+	for _, m := range added {
+		if err := o.step(ctx, infra.StepJoinNode); err != nil {
+			return err
+		}
+		if err := s.infra.JoinNode(ctx, o.call(m.ID)); err != nil {
+			return err
+		}
+	}
+	return o.detachISOs(ctx, c.ID)
+}
+
+// removeWorkers drains and destroys the named workers, or the n
+// newest ones when none are named.
+func (o *op) removeWorkers(ctx context.Context, machines []infra.Machine, named []string, n int32) error {
+	s := o.s
+	var victims, keep []infra.Machine
+	if len(named) > 0 {
+		for _, m := range machines {
+			if slices.Contains(named, m.ID) {
+				victims = append(victims, m)
+			} else {
+				keep = append(keep, m)
+			}
+		}
+	} else {
+		for i := len(machines) - 1; i >= 0; i-- {
+			if m := machines[i]; m.Role == infra.RoleWorker && int32(len(victims)) < n {
+				victims = append(victims, m)
+			} else {
+				keep = append(keep, m)
+			}
+		}
+	}
+	o.expect(int32(2*len(victims)) + 1)
+	for _, m := range victims {
+		for _, st := range []struct {
+			name string
+			do   func(context.Context, infra.Call) error
+		}{
+			// No delete_node: it would hand the machine back to the free
+			// pool, where another cluster's AddNodes could take it before
+			// it is destroyed.
+			{infra.StepDrainNode, s.infra.DrainNode},
+			{infra.StepDestroyMachine, s.infra.DestroyMachine},
+		} {
+			if err := o.step(ctx, st.name); err != nil {
+				return err
+			}
+			if err := st.do(ctx, o.call(m.ID)); err != nil {
+				return err
+			}
+		}
+	}
+	return o.configureNetwork(ctx, keep)
+}

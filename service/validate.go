@@ -1,0 +1,169 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc/metadata"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// AccountHeader is the request metadata (gRPC) or HTTP header (REST) that
+// names the caller's account; clusters' display names are unique per
+// account. Without it the account is DefaultAccount.
+const (
+	AccountHeader  = "x-clusterd-account"
+	DefaultAccount = "default"
+)
+
+// dnsLabel is RFC 1123: what Kubernetes and DNS accept as a cluster name.
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+const maxDescription = 1024
+
+// violations collects field violations so a client learns about every bad
+// field in one round trip.
+type violations []FieldViolation
+
+func (v *violations) add(field, format string, args ...any) {
+	*v = append(*v, FieldViolation{Field: field, Description: fmt.Sprintf(format, args...)})
+}
+
+func (v violations) err() error {
+	if len(v) == 0 {
+		return nil
+	}
+	return &InvalidArgumentError{Violations: v}
+}
+
+// account returns the caller's account from the request metadata.
+func account(ctx context.Context) (string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get(AccountHeader)
+	if len(vals) == 0 || vals[0] == "" {
+		return DefaultAccount, nil
+	}
+	if !dnsLabel.MatchString(vals[0]) {
+		return "", invalid(AccountHeader, "must be a DNS label (lower-case letters, digits, '-'; at most 63), got %q", vals[0])
+	}
+	return vals[0], nil
+}
+
+// offering checks that name is an offering of the catalog big enough for a
+// Kubernetes node.
+func (c Catalog) checkOffering(v *violations, field, name string) (Offering, bool) {
+	if name == "" {
+		v.add(field, "is required (one of %s)", c.offeringNames())
+		return Offering{}, false
+	}
+	o, ok := c.Offerings[name]
+	if !ok {
+		v.add(field, "unknown service offering %q (one of %s)", name, c.offeringNames())
+		return Offering{}, false
+	}
+	if o.CPUs < minCPUs || o.MemoryMB < minMemoryMB {
+		v.add(field, "offering %q has %d vCPU / %d MB; a node needs at least %d vCPU / %d MB", name, o.CPUs, o.MemoryMB, minCPUs, minMemoryMB)
+		return o, false
+	}
+	return o, true
+}
+
+func (c Catalog) offeringNames() string {
+	names := make([]string, 0, len(c.Offerings))
+	for n, o := range c.Offerings {
+		if o.CPUs >= minCPUs && o.MemoryMB >= minMemoryMB {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+// checkAutoscaling validates autoscaler bounds against the cluster's size.
+func (c Catalog) checkAutoscaling(v *violations, field string, a *clv1.Autoscaling, control, workers int32) {
+	if a == nil || !a.GetEnabled() {
+		if a != nil && (a.GetMinSize() != 0 || a.GetMaxSize() != 0) {
+			v.add(field, "min_size and max_size are only allowed with enabled = true")
+		}
+		return
+	}
+	switch {
+	case a.GetMinSize() < 1:
+		v.add(field+".min_size", "must be at least 1, got %d", a.GetMinSize())
+	case a.GetMaxSize() < a.GetMinSize():
+		v.add(field+".max_size", "must be at least min_size (%d), got %d", a.GetMinSize(), a.GetMaxSize())
+	case control+a.GetMaxSize() > c.MaxClusterSize:
+		v.add(field+".max_size", "%d control + %d workers exceeds the maximum cluster size %d", control, a.GetMaxSize(), c.MaxClusterSize)
+	case workers != 0 && (workers < a.GetMinSize() || workers > a.GetMaxSize()):
+		v.add(field, "worker_node_count %d must be within [min_size %d, max_size %d]", workers, a.GetMinSize(), a.GetMaxSize())
+	}
+}
+
+// validateCreate checks a CreateClusterRequest and returns the cluster to insert.
+func (s *Clusters) validateCreate(ctx context.Context, req *clv1.CreateClusterRequest) (repository.NewCluster, error) {
+	var v violations
+	acct, err := account(ctx)
+	if err != nil {
+		return repository.NewCluster{}, err
+	}
+	if err := validateRequestID(req.GetRequestId()); err != nil {
+		return repository.NewCluster{}, err
+	}
+	cl := req.GetCluster()
+	if cl == nil {
+		v.add("cluster", "is required")
+		return repository.NewCluster{}, v.err()
+	}
+	if !dnsLabel.MatchString(cl.GetDisplayName()) {
+		v.add("cluster.display_name", "must be a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63), got %q", cl.GetDisplayName())
+	}
+	if len(cl.GetDescription()) > maxDescription {
+		v.add("cluster.description", "must be at most %d bytes", maxDescription)
+	}
+	if !s.catalog.hasVersion(cl.GetKubernetesVersion()) {
+		v.add("cluster.kubernetes_version", "unsupported version %q (one of %s)", cl.GetKubernetesVersion(), strings.Join(s.catalog.Versions, ", "))
+	}
+	control := cl.GetControlNodeCount()
+	if control == 0 {
+		control = 1
+	}
+	switch {
+	case control < 0:
+		v.add("cluster.control_node_count", "must be positive, got %d", control)
+	case control > 1 && control%2 == 0:
+		v.add("cluster.control_node_count", "must be odd (etcd quorum), got %d", control)
+	}
+	workers := cl.GetWorkerNodeCount()
+	if workers < 1 {
+		v.add("cluster.worker_node_count", "must be at least 1, got %d", workers)
+	}
+	if control > 0 && workers > 0 && control+workers > s.catalog.MaxClusterSize {
+		v.add("cluster.worker_node_count", "%d control + %d workers exceeds the maximum cluster size %d", control, workers, s.catalog.MaxClusterSize)
+	}
+	s.catalog.checkOffering(&v, "cluster.service_offering", cl.GetServiceOffering())
+	s.catalog.checkAutoscaling(&v, "cluster.autoscaling", cl.GetAutoscaling(), control, workers)
+	if err := v.err(); err != nil {
+		return repository.NewCluster{}, err
+	}
+	return repository.NewCluster{
+		Account:     acct,
+		DisplayName: cl.GetDisplayName(),
+		Description: cl.GetDescription(),
+		Spec: repository.Spec{
+			KubernetesVersion: cl.GetKubernetesVersion(),
+			ControlNodeCount:  control,
+			WorkerNodeCount:   workers,
+			ServiceOffering:   cl.GetServiceOffering(),
+			Autoscaling: repository.Autoscaling{
+				Enabled: cl.GetAutoscaling().GetEnabled(),
+				MinSize: cl.GetAutoscaling().GetMinSize(),
+				MaxSize: cl.GetAutoscaling().GetMaxSize(),
+			},
+		},
+	}, nil
+}

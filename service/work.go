@@ -1,0 +1,184 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/google/uuid"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+	"github.com/clusterd/clusterd/runner"
+)
+
+// workFunc is an operation's steps. It returns the changes to write with the
+// cluster's final transition (new spec, endpoint).
+type workFunc func(ctx context.Context, o *op) (repository.Changes, error)
+
+// op is one running operation: the job, the cluster it holds, and the
+// helpers its steps share.
+type op struct {
+	s   *Clusters
+	job repository.Job
+	p   *runner.Progress
+	// failEvent is how the operation ends if it fails: OPERATION_FAILED,
+	// except a create that fails before its cluster is up (CREATE_FAILED).
+	failEvent lifecycle.Event
+	// response, when set, is the operation's response instead of the cluster.
+	response proto.Message
+	// total is the number of steps the operation expects so far; it grows as
+	// each phase learns how much work it has.
+	total int32
+}
+
+// expect adds n steps to what the operation reports it will take.
+func (o *op) expect(n int32) {
+	o.total += n
+	o.p.SetTotal(o.total)
+}
+
+// errNotHeld: the cluster is no longer held by this operation (recovery
+// ended it, another operation took the cluster); the work must stop and
+// must not move the cluster (SPEC §3.5).
+var errNotHeld = errors.New("operation no longer holds the cluster")
+
+// launch hands a claimed job to the runner. If the runner refuses (the
+// server is shutting down), the job is ended at once and the cluster follows
+// the failure transition, so no claim is left without a job running it.
+func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc) (*longrunningpb.Operation, error) {
+	o := &op{s: s, job: job, failEvent: lifecycle.OperationFailed}
+	task := runner.Task{
+		Job: job,
+		Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
+			o.p = p
+			changes, err := work(ctx, o)
+			if err != nil {
+				return runner.Outcome{}, err
+			}
+			return o.succeed(ctx, changes)
+		},
+		Release: func(ctx context.Context, cause error) (*repository.Transition, error) {
+			t, _, err := o.release(ctx, o.failEvent, repository.Changes{}, "operation failed: "+cause.Error())
+			return t, err
+		},
+	}
+	if err := s.runner.Start(task); err != nil {
+		s.log.Warn("could not start job; failing it", "job", job.ID, "error", err)
+		t, _, _ := o.release(ctx, o.failEvent, repository.Changes{}, "server shutting down")
+		msg, _ := protojson.Marshal(&spb.Status{Code: 14, Message: "server shutting down; please retry"})
+		if _, ferr := s.store.FinishJob(context.WithoutCancel(ctx), repository.Finish{JobID: job.ID, Status: repository.JobFailed, Error: string(msg), Release: t}); ferr != nil && !errors.Is(ferr, repository.ErrNotHeld) {
+			s.log.Error("could not fail a job that did not start", "job", job.ID, "error", ferr)
+		}
+		return nil, fmt.Errorf("start %s: %w", job.Kind, errShuttingDown)
+	}
+	return toOperation(job)
+}
+
+// errShuttingDown maps to UNAVAILABLE: the client may retry on another server.
+var errShuttingDown = errors.New("server shutting down")
+
+// step records that the operation starts step name (progress, and the
+// runner's cancellation and recovery checks).
+func (o *op) step(ctx context.Context, name string) error {
+	return o.p.Step(ctx, name)
+}
+
+// call identifies the operation to the infrastructure.
+func (o *op) call(machineID string) infra.Call {
+	return infra.Call{ClusterID: o.job.ResourceID, Operation: o.job.ID, MachineID: machineID}
+}
+
+// held reads the cluster and checks this operation still holds it.
+func (o *op) held(ctx context.Context) (repository.Cluster, error) {
+	c, err := o.s.store.GetCluster(ctx, o.job.ResourceID)
+	if err != nil {
+		return c, err
+	}
+	if c.CurrentOperation != o.job.ID {
+		return c, fmt.Errorf("cluster %s is held by %q: %w", c.ID, c.CurrentOperation, errNotHeld)
+	}
+	return c, nil
+}
+
+// move makes a transition while keeping the cluster held (e.g. the create
+// job's CREATED -> STARTING), only while this operation holds it.
+func (o *op) move(ctx context.Context, ev lifecycle.Event, msg string) (repository.Cluster, error) {
+	c, err := o.held(ctx)
+	if err != nil {
+		return c, err
+	}
+	return o.s.store.Transition(ctx, repository.Transition{
+		ClusterID: c.ID, Expect: c.Expect(), Event: ev, Operation: o.job.ID, Message: msg,
+	})
+}
+
+// release builds the transition that ends the operation: ev if the state
+// machine has it from the state the cluster is in, otherwise none (the
+// operations of SPEC §3.4 end without a state change). It returns nil when
+// the operation no longer holds the cluster, which is then left alone.
+// predicted is the cluster as the transition will write it.
+func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Changes, msg string) (*repository.Transition, repository.Cluster, error) {
+	c, err := o.held(ctx)
+	if errors.Is(err, errNotHeld) {
+		o.s.log.Info("operation ends without moving the cluster: no longer held", "job", o.job.ID, "cluster", c.ID, "holder", c.CurrentOperation)
+		return nil, c, nil
+	}
+	if err != nil {
+		return nil, c, err
+	}
+	t := &repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Changes: ch, Message: msg}
+	predicted := c
+	if to, err := lifecycle.Next(c.State, ev); err == nil {
+		t.Event, predicted.State = ev, to
+	}
+	predicted.Version++
+	predicted.CurrentOperation = ""
+	if ch.Spec != nil {
+		predicted.Spec = *ch.Spec
+	}
+	if ch.Endpoint != nil {
+		predicted.Endpoint = *ch.Endpoint
+	}
+	predicted.UpdateTime = o.s.now().UTC()
+	return t, predicted, nil
+}
+
+// succeed ends a successful operation: the release transition and the
+// operation's response (the cluster as it will be, or Empty for a delete).
+func (o *op) succeed(ctx context.Context, ch repository.Changes) (runner.Outcome, error) {
+	t, predicted, err := o.release(ctx, lifecycle.OperationSucceeded, ch, o.job.Kind+" succeeded")
+	if err != nil {
+		return runner.Outcome{}, err
+	}
+	resp := o.response
+	if resp == nil {
+		resp = toCluster(predicted)
+	}
+	anyResp, err := anypb.New(resp)
+	if err != nil {
+		return runner.Outcome{}, fmt.Errorf("encode response: %w", err)
+	}
+	result, err := protojson.Marshal(anyResp)
+	if err != nil {
+		return runner.Outcome{}, fmt.Errorf("encode response: %w", err)
+	}
+	return runner.Outcome{Result: string(result), Release: t}, nil
+}
+
+// empty is the response of operations that return nothing (delete).
+var empty = &emptypb.Empty{}
+
+// machineID is the id of the machine an operation provisions for a slot:
+// stable for the job and slot, so a rerun finds the machine it already made
+// instead of making another (SPEC §6: every step is idempotent).
+func machineID(jobID string, slot string) string {
+	return uuid.NewSHA1(uuid.NameSpaceOID, []byte(jobID+"/"+slot)).String()
+}
