@@ -116,6 +116,8 @@ type Infrastructure interface {
 	Machines(ctx context.Context, clusterIDs ...string) ([]Machine, error)
 	// Machine reads one machine (ErrNotFound).
 	Machine(ctx context.Context, id string) (Machine, error)
+	// Rules lists a cluster's network rules (reading them is not a step).
+	Rules(ctx context.Context, clusterID string) ([]Rule, error)
 
 	// ProvisionMachine (provision_machine) creates machine id for the call's
 	// cluster, powered on, not joined. The caller picks the id (stable per
@@ -133,8 +135,9 @@ type Infrastructure interface {
 	// rules to want: missing rules are added before extra ones are removed,
 	// so no machine is ever without its rules.
 	ConfigureNetwork(ctx context.Context, c Call, want []Rule) error
-	// JoinNode (join_node) joins c.MachineID to its cluster's Kubernetes.
-	JoinNode(ctx context.Context, c Call) error
+	// JoinNode (join_node) joins c.MachineID to its cluster's Kubernetes,
+	// installing version (an adopted external machine runs none before).
+	JoinNode(ctx context.Context, c Call, version string) error
 	// WaitAPI (wait_api) waits for the cluster's API server and returns its endpoint.
 	WaitAPI(ctx context.Context, c Call) (endpoint string, err error)
 	// FetchKubeconfig (fetch_kubeconfig) and DeployProvider (deploy_provider) finish a cluster.
@@ -156,4 +159,16 @@ type Infrastructure interface {
 	ValidateNode(ctx context.Context, c Call) error
 	// DestroyMachine (destroy_machine) deletes c.MachineID; a machine that is gone is destroyed.
 	DestroyMachine(ctx context.Context, c Call) error
+}
+
+// AllRunningAndJoined reports whether a cluster's machines are all powered on
+// and joined to Kubernetes: what reconciliation needs to bring an ALERT
+// cluster back.
+func AllRunningAndJoined(machines []Machine) bool {
+	for _, m := range machines {
+		if m.Power != PowerRunning || !m.Joined {
+			return false
+		}
+	}
+	return len(machines) > 0
 }

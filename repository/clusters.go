@@ -60,6 +60,10 @@ type Transition struct {
 	// releases the cluster.
 	Operation string
 	Changes   Changes
+	// History names the history entry of a write without an Event (default
+	// OPERATION_ENDED), e.g. RECOVERY_STARTED when recovery takes over an
+	// orphaned operation in place.
+	History string
 	// Server (default: the Store's WithServerID) and Message go to the
 	// cluster's history.
 	Server  string
@@ -180,15 +184,7 @@ func (s *Store) ListClusters(ctx context.Context, q ClusterQuery) ([]Cluster, er
 	if err := db.Order("id").Limit(q.Limit).Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("list clusters: %w", classify(err))
 	}
-	out := make([]Cluster, 0, len(rows))
-	for i := range rows {
-		c, err := rows[i].toCluster()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	return out, nil
+	return toClusters(rows)
 }
 
 // Transition applies one compare-and-set to a cluster and records it in the
@@ -252,6 +248,9 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 func (s *Store) casCluster(tx *gorm.DB, t Transition) (clusterRow, error) {
 	to := t.Expect.State
 	name := OperationEnded
+	if t.History != "" {
+		name = t.History
+	}
 	if t.Event != lifecycle.EventUnspecified {
 		next, err := lifecycle.Admit(t.Expect.State, t.Event)
 		if err != nil {

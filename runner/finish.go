@@ -37,6 +37,8 @@ func classify(jobCtx context.Context, deadline time.Time, err error) ending {
 	switch {
 	case errors.Is(err, ErrCancelled):
 		return ending{repository.JobCancelled, &spb.Status{Code: int32(codes.Canceled), Message: ErrCancelled.Error()}, err}
+	case errors.Is(err, ErrLeaseLost):
+		return ending{repository.JobFailed, &spb.Status{Code: int32(codes.Unavailable), Message: ErrLeaseLost.Error()}, ErrLeaseLost}
 	case errors.As(err, &pe):
 		return ending{repository.JobFailed, &spb.Status{Code: int32(codes.Internal), Message: "internal error: " + pe.Error()}, err}
 	case errors.Is(jobCtx.Err(), context.DeadlineExceeded),

@@ -18,6 +18,7 @@ import (
 type Progress struct {
 	store Store
 	jobID string
+	lease func() error
 
 	mu      sync.Mutex
 	step    string // the step started last
@@ -36,11 +37,19 @@ type Progress struct {
 //     longer IN_PROGRESS: recovery ended it, so stop; the runner writes
 //     nothing more;
 //   - an error wrapping ctx's error if ctx is done (deadline or shutdown);
+//   - an error wrapping ErrLeaseLost if this server's lease has lapsed (its
+//     heartbeat is older than the peer timeout): peers may have failed the
+//     job already and be recovering its cluster, so it must not go on;
 //   - any other error when the row could not be written (the database did
 //     not answer): stop, since neither cancellation nor recovery can be seen.
 func (p *Progress) Step(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("job %s: before step %s: %w", p.jobID, name, err)
+	}
+	if p.lease != nil {
+		if err := p.lease(); err != nil {
+			return fmt.Errorf("job %s: before step %s: %w: %w", p.jobID, name, ErrLeaseLost, err)
+		}
 	}
 	p.mu.Lock()
 	rec := repository.Progress{Step: name, StepsDone: p.started, StepsTotal: p.total}

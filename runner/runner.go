@@ -117,6 +117,10 @@ var (
 	// Shutdown; they end FAILED with UNAVAILABLE, so a client may retry on
 	// another server.
 	ErrShutdown = errors.New("server shutting down")
+	// ErrLeaseLost: this server's heartbeat lapsed (Config.Lease), so its
+	// peers may already count it dead and recover its clusters; its jobs
+	// stop at their next step.
+	ErrLeaseLost = errors.New("server lease lost")
 )
 
 // Config is what a Runner needs.
@@ -135,6 +139,9 @@ type Config struct {
 	// cancellation, so that a cancelled or timed-out job still records its
 	// end; the bound keeps Shutdown from waiting forever on a dead database.
 	FinishTimeout time.Duration
+	// Lease, optional, says whether this server may still act; jobs stop at
+	// their next step when it returns an error (see ErrLeaseLost).
+	Lease func() error
 }
 
 // DefaultFinishTimeout is the FinishTimeout used when Config leaves it zero.
@@ -147,6 +154,7 @@ type Runner struct {
 	log           *slog.Logger
 	onDone        func(repository.Job)
 	finishTimeout time.Duration
+	lease         func() error
 
 	// ctx is the parent of every job's context. It belongs to the runner, not
 	// to any request, and only Shutdown cancels it.
@@ -175,6 +183,7 @@ func New(cfg Config) *Runner {
 		log:           log,
 		onDone:        cfg.OnDone,
 		finishTimeout: timeout,
+		lease:         cfg.Lease,
 		ctx:           ctx,
 		cancel:        cancel,
 		running:       map[string]struct{}{},
@@ -258,7 +267,7 @@ func (r *Runner) run(t Task) {
 
 	jobCtx, cancel := context.WithDeadline(r.ctx, t.Job.Deadline)
 	defer cancel()
-	p := &Progress{store: r.store, jobID: t.Job.ID, total: t.Job.StepsTotal}
+	p := &Progress{store: r.store, jobID: t.Job.ID, total: t.Job.StepsTotal, lease: r.lease}
 
 	out, err := r.call(jobCtx, log, t, p)
 	final, ok := r.finish(jobCtx, log, t, p, out, err)

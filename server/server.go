@@ -33,6 +33,7 @@ import (
 	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/runner"
+	"github.com/clusterd/clusterd/scanner"
 	"github.com/clusterd/clusterd/service"
 )
 
@@ -54,6 +55,14 @@ type Config struct {
 	Catalog *service.Catalog
 	// Deadlines bound each kind of operation (default 1h).
 	Deadlines service.Deadlines
+	// HeartbeatInterval, PeerTimeout, ScanInterval, ReconcileInterval and
+	// JobRetention drive liveness and recovery (defaults 1s, 6s, 2s, 10s,
+	// 7 days; see package scanner).
+	HeartbeatInterval time.Duration
+	PeerTimeout       time.Duration
+	ScanInterval      time.Duration
+	ReconcileInterval time.Duration
+	JobRetention      time.Duration
 	// Logger receives every log line (default slog.Default()).
 	Logger *slog.Logger
 	// HealthInterval is how often the database is pinged for health (default 2s).
@@ -70,6 +79,7 @@ type Server struct {
 	self    repository.Server
 	runner  *runner.Runner
 	sim     *sim.Simulator
+	scanner *scanner.Scanner
 	health  *health.Server
 	grpc    *grpc.Server
 	http    *http.Server
@@ -116,12 +126,21 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("listen for HTTP on %s: %w", cfg.HTTPAddr, err)
 	}
 
+	// The scanner holds this server's lease (its heartbeat); the runner and
+	// the handlers stop taking steps and claims without it.
+	lease := func() error { return s.scanner.Lease() }
 	ops := service.NewOperations(s.store)
-	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: ops.Notify})
+	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: ops.Notify, Lease: lease})
 	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
 	clusters := service.NewClusters(service.ClustersConfig{
 		Store: s.store, Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
+		Lease: lease,
+	})
+	s.scanner = scanner.New(scanner.Config{
+		Store: s.store, Recoverer: clusters, Infra: s.sim, Self: s.self,
+		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
+		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})
 
 	s.grpc = grpc.NewServer(interceptors(s.log)...)
@@ -195,7 +214,11 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
-	wg.Add(3)
+	wg.Add(4)
+	go func() {
+		defer wg.Done()
+		s.scanner.Run(ctx)
+	}()
 	go func() {
 		defer wg.Done()
 		if err := s.grpc.Serve(s.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {

@@ -51,6 +51,8 @@ func start(t *testing.T, b repotest.Backend, mutate ...func(*Config)) *harness {
 	cfg := Config{
 		Database: dsn, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: "test-server",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HealthInterval: 50 * time.Millisecond,
+		// The scanner passes once at start; tests of recovery ask for more.
+		ScanInterval: time.Hour, ReconcileInterval: time.Hour,
 	}
 	for _, m := range mutate {
 		m(&cfg)

@@ -23,11 +23,14 @@ const (
 	VerbAddNodes    = "add_nodes"
 	VerbRemoveNodes = "remove_nodes"
 	VerbDelete      = "delete"
+	// VerbRecover is the scanner's: it takes over an orphaned operation, or
+	// brings an ALERT cluster back (RECOVERING).
+	VerbRecover = "recover"
 )
 
 // Verbs lists every operation kind a client can start.
 func Verbs() []string {
-	return []string{VerbCreate, VerbStart, VerbStop, VerbScale, VerbUpgrade, VerbAddNodes, VerbRemoveNodes, VerbDelete}
+	return []string{VerbCreate, VerbStart, VerbStop, VerbScale, VerbUpgrade, VerbAddNodes, VerbRemoveNodes, VerbDelete, VerbRecover}
 }
 
 // EtagMismatchError refuses a request made against a version of the cluster
@@ -157,25 +160,49 @@ func (s *Clusters) run(ctx context.Context, r request) (*longrunningpb.Operation
 			return nil, err
 		}
 	}
-	params, err := json.Marshal(r.params)
-	if err != nil {
-		return nil, fmt.Errorf("encode %s parameters: %w", r.verb, err)
-	}
-	_, job, err := s.store.Claim(ctx, repository.Transition{
-		ClusterID: id, Expect: c.Expect(), Event: ev,
-		Message: fmt.Sprintf("%s requested", r.verb),
-	}, s.newJob(r.verb, r.requestID, string(params)))
+	op, err := s.claim(ctx, repository.Transition{
+		ClusterID: id, Expect: c.Expect(), Event: ev, Message: fmt.Sprintf("%s requested", r.verb),
+	}, r.verb, r.requestID, r.params, r.work)
 	if errors.Is(err, repository.ErrAlreadyExists) && r.requestID != "" {
 		// The same request_id raced in concurrently and won: answer with its operation.
 		if op, found, rerr := s.replay(ctx, r.requestID, r.verb, id); found || rerr != nil {
 			return op, rerr
 		}
 	}
+	return op, err
+}
+
+// claim writes the claim (the CAS, the job row and the history entry in one
+// transaction) and only then starts the work.
+func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb, requestID string, params any, work workFunc) (*longrunningpb.Operation, error) {
+	if err := s.mayClaim(); err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s parameters: %w", verb, err)
+	}
+	_, job, err := s.store.Claim(ctx, t, s.newJob(verb, requestID, string(raw)))
 	if err != nil {
 		return nil, err
 	}
-	return s.launch(ctx, job, r.work)
+	return s.launch(ctx, job, work)
 }
+
+// mayClaim refuses new work while this server has no lease (SPEC §5: a
+// server that cannot heartbeat stops claiming until it can again).
+func (s *Clusters) mayClaim() error {
+	if s.lease == nil {
+		return nil
+	}
+	if err := s.lease(); err != nil {
+		return fmt.Errorf("%w: %w", errNoLease, err)
+	}
+	return nil
+}
+
+// errNoLease maps to UNAVAILABLE: another server can take the request.
+var errNoLease = errors.New("this server cannot reach the database reliably and takes no new work")
 
 // newJob describes the job a claim inserts.
 func (s *Clusters) newJob(verb, requestID, params string) repository.NewJob {

@@ -26,6 +26,9 @@ func (s *Clusters) CreateCluster(ctx context.Context, req *clv1.CreateClusterReq
 	if op, found, err := s.replay(ctx, req.GetRequestId(), VerbCreate, ""); found || err != nil {
 		return op, err
 	}
+	if err := s.mayClaim(); err != nil {
+		return nil, err
+	}
 	params, _ := json.Marshal(nc.Spec)
 	c, job, err := s.store.CreateCluster(ctx, nc, s.newJob(VerbCreate, req.GetRequestId(), string(params)))
 	if errors.Is(err, repository.ErrAlreadyExists) {
@@ -145,7 +148,7 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 			if err := o.step(ctx, infra.StepJoinNode); err != nil {
 				return "", err
 			}
-			if err := s.infra.JoinNode(ctx, o.call(m.ID)); err != nil {
+			if err := s.infra.JoinNode(ctx, o.call(m.ID), c.Spec.KubernetesVersion); err != nil {
 				return "", err
 			}
 		}

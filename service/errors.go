@@ -31,6 +31,7 @@ const (
 	ReasonNotImplemented         = "NOT_IMPLEMENTED"
 	ReasonInternal               = "INTERNAL"
 	ReasonShuttingDown           = "SHUTTING_DOWN"
+	ReasonServerUnavailable      = "SERVER_UNAVAILABLE"
 )
 
 // FieldViolation names one invalid request field, in the request's own
@@ -163,6 +164,8 @@ func Status(err error) *status.Status {
 			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request_id", Description: reused.Error()}}})
 	case errors.As(err, &exists):
 		return build(codes.AlreadyExists, exists.Error(), ReasonAlreadyExists, nil)
+	case errors.Is(err, errNoLease):
+		return build(codes.Unavailable, errNoLease.Error()+"; please retry", ReasonServerUnavailable, nil)
 	case errors.Is(err, errShuttingDown):
 		return build(codes.Unavailable, "the server is shutting down; please retry", ReasonShuttingDown, nil)
 	case errors.As(err, &missing):

@@ -92,7 +92,7 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 		if err := o.step(ctx, infra.StepJoinNode); err != nil {
 			return repository.Changes{}, err
 		}
-		if err := s.infra.JoinNode(ctx, o.call(id)); err != nil {
+		if err := s.infra.JoinNode(ctx, o.call(id), c.Spec.KubernetesVersion); err != nil {
 			return repository.Changes{}, err
 		}
 	}

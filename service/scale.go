@@ -240,7 +240,7 @@ func (o *op) addWorkers(ctx context.Context, c repository.Cluster, spec reposito
 		if err := o.step(ctx, infra.StepJoinNode); err != nil {
 			return err
 		}
-		if err := s.infra.JoinNode(ctx, o.call(m.ID)); err != nil {
+		if err := s.infra.JoinNode(ctx, o.call(m.ID), spec.KubernetesVersion); err != nil {
 			return err
 		}
 	}

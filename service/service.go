@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
@@ -29,6 +30,7 @@ type Store interface {
 	Transition(ctx context.Context, t repository.Transition) (repository.Cluster, error)
 	FinishJob(ctx context.Context, f repository.Finish) (repository.Job, error)
 	GetJobByRequestID(ctx context.Context, requestID string) (repository.Job, error)
+	RecordEvent(ctx context.Context, e repository.Event) error
 }
 
 // JobStarter runs claimed jobs asynchronously (the runner).
@@ -50,6 +52,10 @@ type ClustersConfig struct {
 	// Clock stamps job deadlines (default time.Now).
 	Clock  func() time.Time
 	Logger *slog.Logger
+	// Lease, optional, says whether this server may take work: a server
+	// whose heartbeat lapsed must not claim clusters (its peers may be
+	// recovering them).
+	Lease func() error
 }
 
 // Clusters implements clusterlifecycle.v1.ClusterLifecycle.
@@ -64,13 +70,20 @@ type Clusters struct {
 	deadlines   Deadlines
 	now         func() time.Time
 	log         *slog.Logger
+	lease       func() error
+	// repairs counts the leftovers recovery has converged (SPEC §5.3).
+	repairs atomic.Int64
 }
+
+// Repairs is how many leftovers of interrupted operations recovery has
+// repaired since the process started.
+func (s *Clusters) Repairs() int64 { return s.repairs.Load() }
 
 // NewClusters returns the ClusterLifecycle handlers.
 func NewClusters(cfg ClustersConfig) *Clusters {
 	s := &Clusters{
 		store: cfg.Store, runner: cfg.Runner, infra: cfg.Infra, serverID: cfg.ServerID,
-		incarnation: cfg.Incarnation, deadlines: cfg.Deadlines, now: cfg.Clock, log: cfg.Logger,
+		incarnation: cfg.Incarnation, deadlines: cfg.Deadlines, now: cfg.Clock, log: cfg.Logger, lease: cfg.Lease,
 	}
 	if cfg.Catalog != nil {
 		s.catalog = *cfg.Catalog

@@ -31,7 +31,7 @@ type SimulatorBackend interface {
 	ReleaseHeld(faultID string) (int, error)
 	ReleaseAll() int
 	ClearFaults()
-	ListNetworkRules(ctx context.Context, clusterID string) ([]infra.Rule, error)
+	Rules(ctx context.Context, clusterID string) ([]infra.Rule, error)
 }
 
 // Simulator implements clusterlifecycle.v1.Simulator: demos and tests use it
@@ -226,7 +226,7 @@ func (s *Simulator) ListNetworkRules(ctx context.Context, req *clv1.ListNetworkR
 	if err != nil {
 		return nil, err
 	}
-	rules, err := s.sim.ListNetworkRules(ctx, id)
+	rules, err := s.sim.Rules(ctx, id)
 	if err != nil {
 		return nil, err
 	}

@@ -237,7 +237,7 @@ func TestSimulatorFaults(t *testing.T) {
 		if _, err := h.InjectFault(ctx, &clv1.InjectFaultRequest{Fault: &clv1.Fault{Step: infra.StepJoinNode, Mode: clv1.Fault_HOLD}}); err != nil {
 			t.Fatal(err)
 		}
-		go func() { done <- b.JoinNode(ctx, infra.Call{ClusterID: clusterID, MachineID: nodeID}) }()
+		go func() { done <- b.JoinNode(ctx, infra.Call{ClusterID: clusterID, MachineID: nodeID}, "1.30.2") }()
 		if _, err := b.WaitHeld(ctx, nil); err != nil {
 			t.Fatal(err)
 		}

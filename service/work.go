@@ -29,11 +29,15 @@ type op struct {
 	s   *Clusters
 	job repository.Job
 	p   *runner.Progress
-	// failEvent is how the operation ends if it fails: OPERATION_FAILED,
-	// except a create that fails before its cluster is up (CREATE_FAILED).
-	failEvent lifecycle.Event
+	// endEvent and failEvent are how the operation ends if it succeeds
+	// (OPERATION_SUCCEEDED) or fails (OPERATION_FAILED, except a create
+	// that fails before its cluster is up: CREATE_FAILED). Recovery ends an
+	// orphaned operation with its orphan event either way.
+	endEvent, failEvent lifecycle.Event
 	// response, when set, is the operation's response instead of the cluster.
 	response proto.Message
+	// endMessage, when set, is the history message of a successful end.
+	endMessage string
 	// total is the number of steps the operation expects so far; it grows as
 	// each phase learns how much work it has.
 	total int32
@@ -54,7 +58,7 @@ var errNotHeld = errors.New("operation no longer holds the cluster")
 // server is shutting down), the job is ended at once and the cluster follows
 // the failure transition, so no claim is left without a job running it.
 func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc) (*longrunningpb.Operation, error) {
-	o := &op{s: s, job: job, failEvent: lifecycle.OperationFailed}
+	o := &op{s: s, job: job, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed}
 	task := runner.Task{
 		Job: job,
 		Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
@@ -154,7 +158,11 @@ func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Chan
 // succeed ends a successful operation: the release transition and the
 // operation's response (the cluster as it will be, or Empty for a delete).
 func (o *op) succeed(ctx context.Context, ch repository.Changes) (runner.Outcome, error) {
-	t, predicted, err := o.release(ctx, lifecycle.OperationSucceeded, ch, o.job.Kind+" succeeded")
+	msg := o.endMessage
+	if msg == "" {
+		msg = o.job.Kind + " succeeded"
+	}
+	t, predicted, err := o.release(ctx, o.endEvent, ch, msg)
 	if err != nil {
 		return runner.Outcome{}, err
 	}

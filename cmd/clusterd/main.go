@@ -86,6 +86,11 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 		return err
 	})
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 0, "how long graceful shutdown may take (default 15s)")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", time.Second, "how often this server tells its peers it is alive")
+	fs.DurationVar(&cfg.PeerTimeout, "peer-timeout", 6*time.Second, "a server whose heartbeat is older than this is dead; its jobs are failed and its clusters recovered")
+	fs.DurationVar(&cfg.ScanInterval, "scan-interval", 2*time.Second, "how often liveness and orphan recovery run")
+	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often resting clusters are reconciled against the infrastructure")
+	fs.DurationVar(&cfg.JobRetention, "job-retention", 7*24*time.Hour, "finished operations are purged after this")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: clusterd [flags]\n\nEvery flag can also be set as CLUSTERD_<FLAG> (e.g. CLUSTERD_GRPC_ADDR).")

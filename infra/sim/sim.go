@@ -160,8 +160,8 @@ func (s *Simulator) SetMachinePower(ctx context.Context, id string, p infra.Powe
 	return toMachine(m), nil
 }
 
-// ListNetworkRules lists a cluster's network rules, by machine, kind and port.
-func (s *Simulator) ListNetworkRules(ctx context.Context, clusterID string) ([]infra.Rule, error) {
+// Rules lists a cluster's network rules, by machine, kind and port.
+func (s *Simulator) Rules(ctx context.Context, clusterID string) ([]infra.Rule, error) {
 	rs, err := s.store.ListNetworkRules(ctx, clusterID)
 	if err != nil {
 		return nil, err

@@ -95,7 +95,7 @@ func snapshot(t *testing.T, s *sim.Simulator, clusters ...string) world {
 	}
 	w := world{Machines: ms, Rules: map[string][]infra.Rule{}}
 	for _, c := range clusters {
-		if w.Rules[c], err = s.ListNetworkRules(ctxT(t), c); err != nil {
+		if w.Rules[c], err = s.Rules(ctxT(t), c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -230,7 +230,7 @@ func TestStepsAreIdempotent(t *testing.T) {
 		},
 		{
 			step: infra.StepJoinNode,
-			run:  func(ctx context.Context, e env) error { return e.s.JoinNode(ctx, e.c.call(e.c.worker)) },
+			run:  func(ctx context.Context, e env) error { return e.s.JoinNode(ctx, e.c.call(e.c.worker), "1.30.2") },
 			check: func(t *testing.T, e env, w world) {
 				if m := find(w, e.c.worker); !m.Joined {
 					t.Error("not joined")
@@ -262,7 +262,7 @@ func TestStepsAreIdempotent(t *testing.T) {
 		{
 			step: infra.StepDeleteNode,
 			setup: func(ctx context.Context, e env) error {
-				return errors.Join(e.s.JoinNode(ctx, e.c.call(e.c.worker)), e.s.DrainNode(ctx, e.c.call(e.c.worker)),
+				return errors.Join(e.s.JoinNode(ctx, e.c.call(e.c.worker), "1.30.2"), e.s.DrainNode(ctx, e.c.call(e.c.worker)),
 					e.s.AttachISO(ctx, e.c.call(e.c.worker), "x.iso"))
 			},
 			run: func(ctx context.Context, e env) error { return e.s.DeleteNode(ctx, e.c.call(e.c.worker)) },
@@ -382,7 +382,7 @@ func TestStepsOnAMissingMachine(t *testing.T) {
 		for name, err := range map[string]error{
 			"power_on":  s.PowerOn(ctx, call),
 			"power_off": s.PowerOff(ctx, call),
-			"join_node": s.JoinNode(ctx, call),
+			"join_node": s.JoinNode(ctx, call, "1.30.2"),
 		} {
 			if !errors.Is(err, infra.ErrNotFound) {
 				t.Errorf("%s of a missing machine: err = %v; want infra.ErrNotFound", name, err)
@@ -423,7 +423,7 @@ func TestJoinNodeNeedsARunningMachine(t *testing.T) {
 		if err := s.PowerOff(ctx, c.call(c.worker)); err != nil {
 			t.Fatal(err)
 		}
-		err := s.JoinNode(ctx, c.call(c.worker))
+		err := s.JoinNode(ctx, c.call(c.worker), "1.30.2")
 		if want := fmt.Sprintf("machine %s is powered off", c.worker); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("join of a stopped machine: err = %v; want %q", err, want)
 		}
@@ -475,7 +475,7 @@ func TestConfigureNetworkConverges(t *testing.T) {
 			if err := s.ConfigureNetwork(ctx, c.call(""), want); err != nil {
 				t.Fatalf("converge %d: %v", i, err)
 			}
-			got, err := s.ListNetworkRules(ctx, c.id)
+			got, err := s.Rules(ctx, c.id)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -483,7 +483,7 @@ func TestConfigureNetworkConverges(t *testing.T) {
 				t.Errorf("after converge %d: rules = %+v; want %+v", i, got, want)
 			}
 		}
-		if got, _ := s.ListNetworkRules(ctx, other.id); !reflect.DeepEqual(got, otherRules) {
+		if got, _ := s.Rules(ctx, other.id); !reflect.DeepEqual(got, otherRules) {
 			t.Errorf("other cluster's rules = %+v; want them untouched: %+v", got, otherRules)
 		}
 		if err := s.ConfigureNetwork(ctx, c.call(""), []infra.Rule{{MachineID: c.worker, Kind: "ssh", Port: 0}}); err == nil {
@@ -521,7 +521,7 @@ func TestConfigureNetworkHasNoRevokeAllWindow(t *testing.T) {
 					return
 				default:
 				}
-				rs, err := s.ListNetworkRules(ctx, c.id)
+				rs, err := s.Rules(ctx, c.id)
 				if err != nil {
 					bad = append(bad, err.Error())
 					return

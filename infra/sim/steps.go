@@ -100,11 +100,11 @@ func (s *Simulator) DetachISO(ctx context.Context, c infra.Call) error {
 		repository.MachineChanges{AttachedISO: new("")})
 }
 
-// JoinNode joins the call's machine to its cluster's Kubernetes; it must be
-// running.
-func (s *Simulator) JoinNode(ctx context.Context, c infra.Call) error {
+// JoinNode joins the call's machine to its cluster's Kubernetes at version;
+// it must be running.
+func (s *Simulator) JoinNode(ctx context.Context, c infra.Call, version string) error {
 	return s.change(ctx, infra.StepJoinNode, c, repository.MachineCondition{Power: string(infra.PowerRunning)},
-		repository.MachineChanges{Joined: new(true)})
+		repository.MachineChanges{Joined: new(true), KubernetesVersion: &version})
 }
 
 // DrainNode cordons the call's machine.

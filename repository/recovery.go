@@ -1,0 +1,164 @@
+package repository
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/clusterd/clusterd/lifecycle"
+)
+
+// History entries that recovery writes without a state change.
+const (
+	// RecoveryStarted: recovery took over an orphaned operation.
+	RecoveryStarted = "RECOVERY_STARTED"
+	// Repair: recovery converged something an interrupted operation left.
+	Repair = "REPAIR"
+)
+
+// FailJobsOfDeadServers ends every IN_PROGRESS job whose owner is not alive
+// (SPEC §5): its server row is missing, carries another incarnation (the
+// process restarted), or has not heartbeaten since cutoff. Jobs of self's
+// earlier incarnations fail with reason "server restarted", the others with
+// "owner server stopped"; errJSON builds the stored error of a reason. The
+// update is conditioned on IN_PROGRESS, so two live servers never both end a
+// job, and it never looks at a job's age.
+func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff time.Time, errJSON func(reason string) string) (restarted, stopped int64, err error) {
+	now := s.stamp()
+	end := func(reason string) map[string]any {
+		return map[string]any{"status": string(JobFailed), "error": errJSON(reason), "end_time": now, "update_time": now}
+	}
+	res := s.db.WithContext(ctx).Model(&jobRow{}).
+		Where("status = ? AND server_id = ? AND server_incarnation <> ?", string(JobInProgress), self.ID, self.Incarnation).
+		Updates(end("server restarted"))
+	if res.Error != nil {
+		return 0, 0, fmt.Errorf("fail jobs of earlier incarnations of %s: %w", self.ID, classify(res.Error))
+	}
+	restarted = res.RowsAffected
+	live := s.db.Model(&serverRow{}).Select("1").
+		Where("servers.id = jobs.server_id AND (jobs.server_incarnation = '' OR servers.incarnation = jobs.server_incarnation) AND servers.heartbeat_time >= ?", cutoff.UTC())
+	res = s.db.WithContext(ctx).Model(&jobRow{}).
+		Where("status = ? AND NOT EXISTS (?)", string(JobInProgress), live).
+		Updates(end("owner server stopped"))
+	if res.Error != nil {
+		return restarted, 0, fmt.Errorf("fail jobs of dead servers: %w", classify(res.Error))
+	}
+	return restarted, res.RowsAffected, nil
+}
+
+// OrphanCandidates lists, in one query, the clusters recovery must look at:
+// those in an operation state, CREATED ones, and any naming a current
+// operation.
+func (s *Store) OrphanCandidates(ctx context.Context) ([]Cluster, error) {
+	var states []string
+	for _, st := range lifecycle.States() {
+		if _, ok := lifecycle.OrphanEvent(st); ok {
+			states = append(states, st.String())
+		}
+	}
+	var rows []clusterRow
+	err := s.db.WithContext(ctx).
+		Where("state IN ? OR (current_operation <> '' AND state <> ?)", states, lifecycle.Destroyed.String()).
+		Order("id").Find(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("list orphan candidates: %w", classify(err))
+	}
+	return toClusters(rows)
+}
+
+// JobsByID reads the given jobs in one query; missing ids are absent from the map.
+func (s *Store) JobsByID(ctx context.Context, ids []string) (map[string]Job, error) {
+	out := map[string]Job{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	var rows []jobRow
+	if err := s.db.WithContext(ctx).Where("id IN ?", ids).Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("read jobs: %w", classify(err))
+	}
+	for i := range rows {
+		out[rows[i].ID] = rows[i].toJob()
+	}
+	return out, nil
+}
+
+// InProgressJobsWithoutResource lists running jobs written by servers that
+// predate the resource column (SPEC §4, mixed versions).
+func (s *Store) InProgressJobsWithoutResource(ctx context.Context) ([]Job, error) {
+	var rows []jobRow
+	err := s.db.WithContext(ctx).Where("status = ? AND (resource_id IS NULL OR resource_id = '')", string(JobInProgress)).
+		Order("id").Find(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("list jobs without resource: %w", classify(err))
+	}
+	out := make([]Job, len(rows))
+	for i := range rows {
+		out[i] = rows[i].toJob()
+	}
+	return out, nil
+}
+
+// UnheldClusters lists up to limit clusters in the given states that no
+// operation holds, for reconciliation and garbage collection.
+func (s *Store) UnheldClusters(ctx context.Context, states []lifecycle.State, limit int) ([]Cluster, error) {
+	names := make([]string, len(states))
+	for i, st := range states {
+		names[i] = st.String()
+	}
+	var rows []clusterRow
+	err := s.db.WithContext(ctx).Where("state IN ? AND current_operation = ''", names).
+		Order("id").Limit(limit).Find(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("list unheld clusters: %w", classify(err))
+	}
+	return toClusters(rows)
+}
+
+// RecordEvent adds a history entry that changes no state (a repair).
+func (s *Store) RecordEvent(ctx context.Context, e Event) error {
+	server := e.Server
+	if server == "" {
+		server = s.server
+	}
+	row := eventRow{
+		ClusterID: e.ClusterID, Time: s.stamp(), FromState: e.From.String(), Event: e.Name,
+		ToState: e.To.String(), Operation: e.Operation, Server: server, Message: e.Message,
+	}
+	if err := s.db.WithContext(ctx).Create(&row).Error; err != nil {
+		return fmt.Errorf("record %s event of cluster %s: %w", e.Name, e.ClusterID, classify(err))
+	}
+	return nil
+}
+
+// PurgeJobs deletes up to limit finished jobs that ended before cutoff and
+// that no cluster names as its current operation.
+func (s *Store) PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
+	held := s.db.Model(&clusterRow{}).Select("current_operation").Where("current_operation <> ''")
+	var ids []string
+	err := s.db.WithContext(ctx).Model(&jobRow{}).
+		Where("status <> ? AND end_time < ? AND id NOT IN (?)", string(JobInProgress), cutoff.UTC(), held).
+		Order("end_time").Limit(limit).Pluck("id", &ids).Error
+	if err != nil {
+		return 0, fmt.Errorf("find jobs to purge: %w", classify(err))
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	res := s.db.WithContext(ctx).Where("id IN ? AND status <> ?", ids, string(JobInProgress)).Delete(&jobRow{})
+	if res.Error != nil {
+		return 0, fmt.Errorf("purge jobs: %w", classify(res.Error))
+	}
+	return res.RowsAffected, nil
+}
+
+func toClusters(rows []clusterRow) ([]Cluster, error) {
+	out := make([]Cluster, 0, len(rows))
+	for i := range rows {
+		c, err := rows[i].toCluster()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}

@@ -1,0 +1,472 @@
+// Package scanner keeps clusters from staying stuck (SPEC §5). It runs on
+// every server: a heartbeat that tells peers this server is alive, and a
+// pass, at start and then every scan interval, that fails the jobs of dead
+// servers, recovers orphaned operations, reconciles resting clusters against
+// the infrastructure (every reconcile interval), retries destroys and purges
+// old jobs.
+//
+// Every write the scanner causes is the repository's compare-and-set on a
+// cluster as the scanner read it; losing one is normal (another server, or a
+// user, got there first) and is only counted and logged at debug level. The
+// pass costs a fixed number of queries whatever the number of clusters.
+package scanner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// Store is the part of the repository the scanner reads and writes.
+type Store interface {
+	Heartbeat(ctx context.Context, srv repository.Server) (repository.Server, error)
+	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, errJSON func(reason string) string) (restarted, stopped int64, err error)
+	OrphanCandidates(ctx context.Context) ([]repository.Cluster, error)
+	JobsByID(ctx context.Context, ids []string) (map[string]repository.Job, error)
+	InProgressJobsWithoutResource(ctx context.Context) ([]repository.Job, error)
+	UnheldClusters(ctx context.Context, states []lifecycle.State, limit int) ([]repository.Cluster, error)
+	PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error)
+}
+
+// Recoverer starts the jobs that move clusters back (the service's
+// operations, so the work is a job like any other and survives a crash).
+type Recoverer interface {
+	RecoverOrphan(ctx context.Context, c repository.Cluster, orphanKind, reason string) error
+	RetryDestroy(ctx context.Context, c repository.Cluster, reason string) error
+	MarkFaulty(ctx context.Context, c repository.Cluster, reason string) error
+	RecoverAlert(ctx context.Context, c repository.Cluster) error
+	StopAlert(ctx context.Context, c repository.Cluster) error
+}
+
+// Machines reads the infrastructure for reconciliation.
+type Machines interface {
+	Machines(ctx context.Context, clusterIDs ...string) ([]infra.Machine, error)
+}
+
+// Config is what a Scanner needs. Zero durations take the defaults.
+type Config struct {
+	Store     Store
+	Recoverer Recoverer
+	Infra     Machines
+	// Self is this server's registration (its id and incarnation).
+	Self repository.Server
+	// HeartbeatInterval (default 1s), PeerTimeout (default 6s): a server
+	// whose heartbeat is older than PeerTimeout is dead.
+	HeartbeatInterval time.Duration
+	PeerTimeout       time.Duration
+	// ScanInterval (default 2s): liveness and orphan recovery.
+	ScanInterval time.Duration
+	// ReconcileInterval (default 10s): reconciliation against the infrastructure.
+	ReconcileInterval time.Duration
+	// JobRetention (default 7 days): finished jobs older than this are purged.
+	JobRetention time.Duration
+	Clock        func() time.Time
+	Logger       *slog.Logger
+}
+
+// Limits per pass, so a pass stays bounded whatever the backlog.
+const (
+	reconcileLimit = 1000
+	destroyLimit   = 10
+	purgeLimit     = 500
+	maxBackoff     = 5 * time.Minute
+)
+
+// Scanner is one server's background recovery.
+type Scanner struct {
+	cfg Config
+	log *slog.Logger
+	now func() time.Time
+
+	// lastBeat is the time (unix nanos) of the last heartbeat the database
+	// accepted; superseded is set when another process took this server id.
+	lastBeat   atomic.Int64
+	superseded atomic.Bool
+
+	mu            sync.Mutex
+	lastReconcile time.Time
+	destroyRetry  map[string]retry
+
+	metrics counters
+}
+
+// retry is the backoff of a destroy that keeps failing.
+type retry struct {
+	attempts int
+	next     time.Time
+}
+
+// New returns a Scanner; Run starts it.
+func New(cfg Config) *Scanner {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.HeartbeatInterval, time.Second)
+	def(&cfg.PeerTimeout, 6*time.Second)
+	def(&cfg.ScanInterval, 2*time.Second)
+	def(&cfg.ReconcileInterval, 10*time.Second)
+	def(&cfg.JobRetention, 7*24*time.Hour)
+	s := &Scanner{cfg: cfg, log: cfg.Logger, now: cfg.Clock, destroyRetry: map[string]retry{}}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.lastBeat.Store(cfg.Self.HeartbeatTime.UnixNano())
+	return s
+}
+
+// Lease reports whether this server may act: its last accepted heartbeat is
+// younger than the peer timeout (so peers still count it alive) and no other
+// process has taken its id. A server without a lease stops claiming work and
+// stops its jobs' steps, since its peers may already have failed them.
+func (s *Scanner) Lease() error {
+	if s.superseded.Load() {
+		return fmt.Errorf("server %s was registered again by another process", s.cfg.Self.ID)
+	}
+	last := time.Unix(0, s.lastBeat.Load())
+	if age := s.now().Sub(last); age >= s.cfg.PeerTimeout {
+		return fmt.Errorf("last heartbeat of server %s was %s ago (peer timeout %s)", s.cfg.Self.ID, age.Round(time.Millisecond), s.cfg.PeerTimeout)
+	}
+	return nil
+}
+
+// Run heartbeats and scans until ctx is done. The first pass runs at once.
+func (s *Scanner) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		s.every(ctx, s.cfg.HeartbeatInterval, s.heartbeat)
+	}()
+	go func() {
+		defer wg.Done()
+		s.every(ctx, s.cfg.ScanInterval, func(ctx context.Context) { s.Pass(ctx) })
+	}()
+	wg.Wait()
+}
+
+// every runs fn now and then every d until ctx is done.
+func (s *Scanner) every(ctx context.Context, d time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		fn(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Scanner) heartbeat(ctx context.Context) {
+	if s.superseded.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
+	defer cancel()
+	srv, err := s.cfg.Store.Heartbeat(ctx, s.cfg.Self)
+	switch {
+	case err == nil:
+		s.lastBeat.Store(srv.HeartbeatTime.UnixNano())
+	case errors.Is(err, repository.ErrConflict):
+		s.superseded.Store(true)
+		s.log.Error("another process registered this server id; this one stops taking work", "server_id", s.cfg.Self.ID, "error", err)
+	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+	default:
+		s.log.Warn("heartbeat failed", "error", err, "lease", errString(s.Lease()))
+	}
+}
+
+// Pass runs one scan: liveness, orphan recovery, and, when due,
+// reconciliation and garbage collection. It returns what it did.
+func (s *Scanner) Pass(ctx context.Context) Report {
+	start := s.now()
+	var r Report
+	if err := s.Lease(); err != nil {
+		// Without a lease this server's view may be stale and its peers may
+		// be recovering its clusters: leave the work to them.
+		r.Skipped = err.Error()
+		return r
+	}
+	s.liveness(ctx, &r)
+	s.orphans(ctx, &r)
+	s.mu.Lock()
+	due := start.Sub(s.lastReconcile) >= s.cfg.ReconcileInterval
+	if due {
+		s.lastReconcile = start
+	}
+	s.mu.Unlock()
+	if due {
+		s.reconcile(ctx, &r)
+		s.purge(ctx, &r)
+	}
+	r.Duration = s.now().Sub(start)
+	s.metrics.record(r)
+	if r.JobsFailed > 0 || r.Recovered > 0 || r.Reconciled > 0 || len(r.Errors) > 0 {
+		s.log.Info("scan pass", "jobs_failed", r.JobsFailed, "recovered", r.Recovered, "reconciled", r.Reconciled,
+			"lost_races", r.LostRaces, "purged", r.Purged, "errors", len(r.Errors), "duration", r.Duration)
+	}
+	return r
+}
+
+// liveness fails the IN_PROGRESS jobs of this server's earlier incarnations
+// and of servers whose heartbeat is older than the peer timeout.
+func (s *Scanner) liveness(ctx context.Context, r *Report) {
+	cutoff := s.now().Add(-s.cfg.PeerTimeout)
+	restarted, stopped, err := s.cfg.Store.FailJobsOfDeadServers(ctx, s.cfg.Self, cutoff, failedJSON)
+	r.JobsFailed += int(restarted + stopped)
+	if err != nil {
+		r.fail(fmt.Errorf("liveness: %w", err))
+	}
+	if restarted+stopped > 0 {
+		s.log.Info("failed the jobs of stopped servers", "server_restarted", restarted, "owner_stopped", stopped)
+	}
+}
+
+// failedJSON is the google.rpc.Status a job failed by liveness stores
+// (UNAVAILABLE: the client may retry).
+func failedJSON(reason string) string {
+	b, _ := json.Marshal(map[string]any{"code": 14, "message": reason})
+	return string(b)
+}
+
+// orphans recovers every cluster in an operation state, or naming a current
+// operation, whose job is not IN_PROGRESS on a live server (SPEC §5.1). It
+// reads the clusters, then their jobs, and CASes on what it read, so an
+// operation that ends in between makes the write miss.
+func (s *Scanner) orphans(ctx context.Context, r *Report) {
+	clusters, err := s.cfg.Store.OrphanCandidates(ctx)
+	if err != nil {
+		r.fail(fmt.Errorf("orphans: %w", err))
+		return
+	}
+	var ids []string
+	for _, c := range clusters {
+		if c.CurrentOperation != "" {
+			ids = append(ids, c.CurrentOperation)
+		}
+	}
+	jobs, err := s.cfg.Store.JobsByID(ctx, ids)
+	if err != nil {
+		r.fail(fmt.Errorf("orphans: %w", err))
+		return
+	}
+	legacy, err := s.cfg.Store.InProgressJobsWithoutResource(ctx)
+	if err != nil {
+		r.fail(fmt.Errorf("orphans: %w", err))
+		return
+	}
+	all, held := legacyHolds(legacy)
+	if all {
+		r.Skipped = "a running job of an older server names no cluster: recovery leaves every cluster alone"
+		return
+	}
+	destroys := 0
+	for _, c := range clusters {
+		if held[c.ID] {
+			continue
+		}
+		j, named := jobs[c.CurrentOperation]
+		if c.CurrentOperation != "" && named && j.Status == repository.JobInProgress {
+			continue // alive: liveness already failed every job of a dead server
+		}
+		reason := orphanReason(c, j, named)
+		if c.CurrentOperation == "" {
+			if _, ok := lifecycle.OrphanEvent(c.State); !ok {
+				continue
+			}
+			if ev, _ := lifecycle.OrphanEvent(c.State); ev == lifecycle.DestroyRequested {
+				// Garbage collection: a destroy that failed waits here for
+				// a retry, with backoff, a few per pass.
+				if destroys >= destroyLimit || !s.destroyDue(c.ID) {
+					continue
+				}
+				destroys++
+			}
+		}
+		s.act(r, c, "recover orphan", func() error { return s.cfg.Recoverer.RecoverOrphan(ctx, c, j.Kind, reason) })
+	}
+}
+
+// orphanReason says why recovery takes a cluster over.
+func orphanReason(c repository.Cluster, j repository.Job, named bool) string {
+	switch {
+	case c.CurrentOperation == "":
+		return fmt.Sprintf("%s cluster held by no operation", c.State)
+	case !named:
+		return fmt.Sprintf("operation %s does not exist", c.CurrentOperation)
+	case j.Status == repository.JobFailed && j.Error != "":
+		var st struct{ Message string }
+		if json.Unmarshal([]byte(j.Error), &st) == nil && st.Message != "" {
+			return fmt.Sprintf("operation %s failed: %s", j.ID, st.Message)
+		}
+	}
+	return fmt.Sprintf("operation %s is %s", j.ID, j.Status)
+}
+
+// legacyHolds applies the mixed-version rule (SPEC §4): a running job written
+// without a resource id acts on the cluster its parameters name; one whose
+// parameters name none could act on any cluster, so all are left alone.
+func legacyHolds(jobs []repository.Job) (all bool, held map[string]bool) {
+	held = map[string]bool{}
+	for _, j := range jobs {
+		id := clusterOfParams(j.Params)
+		if id == "" {
+			return true, nil
+		}
+		held[id] = true
+	}
+	return false, held
+}
+
+// clusterOfParams finds a cluster id in an older server's job parameters.
+func clusterOfParams(params string) string {
+	var m map[string]any
+	if json.Unmarshal([]byte(params), &m) != nil {
+		return ""
+	}
+	for _, key := range []string{"cluster_id", "clusterId", "cluster", "resource_id", "name"} {
+		if v, ok := m[key].(string); ok {
+			v = strings.TrimPrefix(v, "clusters/")
+			if _, err := uuid.Parse(v); err == nil {
+				return strings.ToLower(v)
+			}
+		}
+	}
+	return ""
+}
+
+// destroyDue applies the backoff of a destroy that keeps failing.
+func (s *Scanner) destroyDue(clusterID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	rt := s.destroyRetry[clusterID]
+	if now.Before(rt.next) {
+		return false
+	}
+	rt.attempts++
+	rt.next = now.Add(min(maxBackoff, time.Duration(1<<min(rt.attempts, 16))*time.Second))
+	s.destroyRetry[clusterID] = rt
+	return true
+}
+
+// reconcile compares the clusters no operation holds with their machines
+// (SPEC §5.2): RUNNING or STOPPED with a machine in the wrong power state ->
+// ALERT; ALERT with every machine running and joined -> RECOVERING ->
+// RUNNING; ALERT with every machine stopped -> STOPPING -> STOPPED.
+func (s *Scanner) reconcile(ctx context.Context, r *Report) {
+	states := []lifecycle.State{lifecycle.Running, lifecycle.Stopped, lifecycle.Alert}
+	clusters, err := s.cfg.Store.UnheldClusters(ctx, states, reconcileLimit)
+	if err != nil || len(clusters) == 0 {
+		if err != nil {
+			r.fail(fmt.Errorf("reconcile: %w", err))
+		}
+		return
+	}
+	ids := make([]string, len(clusters))
+	for i, c := range clusters {
+		ids[i] = c.ID
+	}
+	all, err := s.cfg.Infra.Machines(ctx, ids...)
+	if err != nil {
+		r.fail(fmt.Errorf("reconcile: %w", err))
+		return
+	}
+	byCluster := map[string][]infra.Machine{}
+	for _, m := range all {
+		byCluster[m.ClusterID] = append(byCluster[m.ClusterID], m)
+	}
+	for _, c := range clusters {
+		ms := byCluster[c.ID]
+		if len(ms) == 0 {
+			continue
+		}
+		action, do := s.reconcileAction(ctx, c, ms)
+		if do != nil {
+			s.act(r, c, action, do)
+			r.Reconciled++
+		}
+	}
+}
+
+// reconcileAction picks what reconciliation does to a cluster, asking the
+// state machine which events its state allows.
+func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms []infra.Machine) (string, func() error) {
+	allows := func(e lifecycle.Event) bool { _, err := lifecycle.Next(c.State, e); return err == nil }
+	// A live cluster (RUNNING) wants every machine on, a STOPPED one every
+	// machine off.
+	want := infra.PowerStopped
+	if lifecycle.IsLive(c.State) {
+		want = infra.PowerRunning
+	}
+	wrong, running := 0, 0
+	for _, m := range ms {
+		if m.Power != want {
+			wrong++
+		}
+		if m.Power == infra.PowerRunning {
+			running++
+		}
+	}
+	switch {
+	case allows(lifecycle.FaultsDetected):
+		if wrong > 0 {
+			reason := fmt.Sprintf("%d of %d machines are not in the power state %s wants", wrong, len(ms), c.State)
+			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
+		}
+	case allows(lifecycle.RecoveryRequested) && infra.AllRunningAndJoined(ms):
+		return "recover", func() error { return s.cfg.Recoverer.RecoverAlert(ctx, c) }
+	case allows(lifecycle.StopRequested) && running == 0:
+		return "stop", func() error { return s.cfg.Recoverer.StopAlert(ctx, c) }
+	}
+	return "", nil
+}
+
+// purge deletes finished jobs past the retention period.
+func (s *Scanner) purge(ctx context.Context, r *Report) {
+	n, err := s.cfg.Store.PurgeJobs(ctx, s.now().Add(-s.cfg.JobRetention), purgeLimit)
+	r.Purged += int(n)
+	if err != nil {
+		r.fail(fmt.Errorf("purge: %w", err))
+	}
+}
+
+// act runs one recovery write, counting a lost race as normal.
+func (s *Scanner) act(r *Report, c repository.Cluster, what string, do func() error) {
+	err := do()
+	switch {
+	case err == nil:
+		r.Recovered++
+		s.log.Info("scanner "+what, "cluster", c.ID, "state", c.State.String(), "operation", c.CurrentOperation)
+	case errors.Is(err, repository.ErrConflict) || errors.Is(err, repository.ErrNotFound):
+		r.LostRaces++
+		s.log.Debug("scanner lost a race", "action", what, "cluster", c.ID, "error", err)
+	default:
+		r.fail(fmt.Errorf("%s %s: %w", what, c.ID, err))
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "held"
+	}
+	return err.Error()
+}

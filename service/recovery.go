@@ -1,0 +1,195 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// The operations below are the scanner's (SPEC §5). The scanner decides when
+// (it reads, and asks the state machine); these claim the cluster with the
+// same compare-and-set as any request, on the cluster as the scanner read
+// it, and run the work as a job, so a recovery interrupted by a crash is
+// itself recovered. Losing the compare-and-set is normal: it returns an
+// error wrapping repository.ErrConflict.
+
+// RecoverOrphan takes over an operation whose job is no longer running on a
+// live server (SPEC §5.1): a DESTROYING cluster is destroyed again in place;
+// any other is claimed in place by a recovery job that repairs what the
+// interrupted operation left (SPEC §5.3) and then ends the operation with its
+// orphan event (-> ALERT, RUNNING or ERROR). orphanKind is the interrupted
+// job's kind ("" if unknown); reason goes to the history.
+func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orphanKind, reason string) error {
+	ev, _ := lifecycle.OrphanEvent(c.State)
+	if ev == lifecycle.DestroyRequested {
+		return s.RetryDestroy(ctx, c, reason)
+	}
+	_, err := s.claim(ctx, repository.Transition{
+		ClusterID: c.ID, Expect: c.Expect(), History: repository.RecoveryStarted,
+		Message: fmt.Sprintf("recovering orphaned operation %s: %s", operationName(c.CurrentOperation), reason),
+	}, VerbRecover, "", map[string]string{"orphan": c.CurrentOperation, "kind": orphanKind, "reason": reason},
+		func(ctx context.Context, o *op) (repository.Changes, error) {
+			// Whatever the repairs do, the orphaned operation ends with its
+			// orphan event (a state with none, e.g. an ERROR cluster whose
+			// in-place start died, is only released).
+			o.endEvent, o.failEvent = ev, ev
+			o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(c.CurrentOperation), reason)
+			return repository.Changes{}, o.repair(ctx, orphanKind)
+		})
+	return err
+}
+
+// RetryDestroy destroys a DESTROYING cluster again, in place (SPEC §3.4).
+func (s *Clusters) RetryDestroy(ctx context.Context, c repository.Cluster, reason string) error {
+	_, err := s.claim(ctx, repository.Transition{
+		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.DestroyRequested,
+		Message: "destroy retried: " + reason,
+	}, VerbDelete, "", struct{}{}, s.deleteWork)
+	return err
+}
+
+// MarkFaulty moves a RUNNING or STOPPED cluster whose machines are not in the
+// desired power state to ALERT (FAULTS_DETECTED); no job, one CAS.
+func (s *Clusters) MarkFaulty(ctx context.Context, c repository.Cluster, reason string) error {
+	_, err := s.store.Transition(ctx, repository.Transition{
+		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.FaultsDetected, Message: reason,
+	})
+	return err
+}
+
+// RecoverAlert brings back an ALERT cluster whose machines all run and whose
+// nodes have all joined: RECOVERING, then RUNNING once the job has checked
+// the machines again and converged the leftovers. Only this job completes
+// the recovery it started.
+func (s *Clusters) RecoverAlert(ctx context.Context, c repository.Cluster) error {
+	_, err := s.claim(ctx, repository.Transition{
+		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.RecoveryRequested,
+		Message: "machines all running and nodes joined",
+	}, VerbRecover, "", struct{}{}, func(ctx context.Context, o *op) (repository.Changes, error) {
+		machines, err := s.infra.Machines(ctx, c.ID)
+		if err != nil {
+			return repository.Changes{}, err
+		}
+		if !infra.AllRunningAndJoined(machines) {
+			return repository.Changes{}, errors.New("machines changed during recovery: not all running and joined")
+		}
+		return repository.Changes{}, o.repair(ctx, "")
+	})
+	return err
+}
+
+// StopAlert finishes stopping an ALERT cluster whose machines are all
+// stopped: STOPPING, then STOPPED. The claim is on the cluster as the scanner
+// listed it, so a user's start since then wins.
+func (s *Clusters) StopAlert(ctx context.Context, c repository.Cluster) error {
+	_, err := s.claim(ctx, repository.Transition{
+		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StopRequested,
+		Message: "machines all stopped",
+	}, VerbStop, "", struct{}{}, s.stopWork)
+	return err
+}
+
+// repair converges what an interrupted operation left (SPEC §5.3): machines
+// beyond the node count that never joined are removed (returned to the free
+// pool when an AddNodes adopted them, destroyed otherwise), an ISO left
+// attached is detached, and the network rules match the machines. Each
+// repair is recorded in the cluster's history. An interrupted upgrade needs
+// nothing here: it is run again, and skips the nodes already upgraded.
+func (o *op) repair(ctx context.Context, orphanKind string) error {
+	s := o.s
+	c, err := o.held(ctx)
+	if err != nil {
+		return err
+	}
+	machines, err := s.infra.Machines(ctx, c.ID)
+	if err != nil {
+		return err
+	}
+	want := map[infra.Role]int32{infra.RoleControl: c.Spec.ControlNodeCount, infra.RoleWorker: c.Spec.WorkerNodeCount}
+	have := map[infra.Role]int32{}
+	for _, m := range machines {
+		have[m.Role]++
+	}
+	var keep []infra.Machine
+	// Newest first: the extras are the machines the interrupted operation added.
+	for i := len(machines) - 1; i >= 0; i-- {
+		m := machines[i]
+		if m.Joined || have[m.Role] <= want[m.Role] {
+			keep = append(keep, m)
+			continue
+		}
+		have[m.Role]--
+		name, do := infra.StepDestroyMachine, s.infra.DestroyMachine
+		if orphanKind == VerbAddNodes {
+			name, do = infra.StepDeleteNode, s.infra.DeleteNode
+		}
+		o.expect(1)
+		if err := o.step(ctx, name); err != nil {
+			return err
+		}
+		if err := do(ctx, o.call(m.ID)); err != nil {
+			return err
+		}
+		o.repaired(ctx, c, fmt.Sprintf("%s: %s%s beyond the %d %s nodes never joined", name, machinePrefix, m.ID, want[m.Role], m.Role))
+	}
+	slices.Reverse(keep)
+	for _, m := range keep {
+		if m.AttachedISO == "" {
+			continue
+		}
+		o.expect(1)
+		if err := o.step(ctx, infra.StepDetachISO); err != nil {
+			return err
+		}
+		if err := s.infra.DetachISO(ctx, o.call(m.ID)); err != nil {
+			return err
+		}
+		o.repaired(ctx, c, fmt.Sprintf("detach_iso: %s left attached to %s%s", m.AttachedISO, machinePrefix, m.ID))
+	}
+	rules, err := s.infra.Rules(ctx, c.ID)
+	if err != nil {
+		return err
+	}
+	if want := rulesFor(keep); !sameRules(rules, want) {
+		o.expect(1)
+		if err := o.configureNetwork(ctx, keep); err != nil {
+			return err
+		}
+		o.repaired(ctx, c, fmt.Sprintf("configure_network: %d rules converged to %d", len(rules), len(want)))
+	}
+	return nil
+}
+
+// repaired records a repair in the cluster's history and the logs.
+func (o *op) repaired(ctx context.Context, c repository.Cluster, msg string) {
+	o.s.log.Info("repaired leftover", "cluster", c.ID, "job", o.job.ID, "repair", msg)
+	o.s.repairs.Add(1)
+	if err := o.s.store.RecordEvent(ctx, repository.Event{
+		ClusterID: c.ID, From: c.State, Name: repository.Repair, To: c.State, Operation: o.job.ID, Message: msg,
+	}); err != nil {
+		o.s.log.Warn("could not record a repair", "cluster", c.ID, "error", err)
+	}
+}
+
+// sameRules compares two rule sets, ignoring order.
+func sameRules(a, b []infra.Rule) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	set := map[infra.Rule]int{}
+	for _, r := range a {
+		set[r]++
+	}
+	for _, r := range b {
+		if set[r] == 0 {
+			return false
+		}
+		set[r]--
+	}
+	return true
+}
