@@ -46,6 +46,27 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff t
 	return restarted, res.RowsAffected, nil
 }
 
+// FailLostJobs ends this process's own IN_PROGRESS jobs that its runner no
+// longer runs (running lists those it does) and that have not written
+// since quietSince: a job whose end could not be written (the database was
+// unreachable when it finished) would otherwise hold its cluster forever,
+// since its server is alive. quietSince keeps a job that was just claimed,
+// and not yet handed to the runner, out of reach.
+func (s *Store) FailLostJobs(ctx context.Context, self Server, running []string, quietSince time.Time, errJSON string) (int64, error) {
+	now := s.stamp()
+	db := s.db.WithContext(ctx).Model(&jobRow{}).
+		Where("status = ? AND server_id = ? AND server_incarnation = ? AND update_time < ?",
+			string(JobInProgress), self.ID, self.Incarnation, quietSince.UTC())
+	if len(running) > 0 {
+		db = db.Where("id NOT IN ?", running)
+	}
+	res := db.Updates(map[string]any{"status": string(JobFailed), "error": errJSON, "end_time": now, "update_time": now})
+	if res.Error != nil {
+		return 0, fmt.Errorf("fail lost jobs of %s: %w", self.ID, classify(res.Error))
+	}
+	return res.RowsAffected, nil
+}
+
 // OrphanCandidates lists, in one query, the clusters recovery must look at:
 // those in an operation state, CREATED ones, and any naming a current
 // operation.

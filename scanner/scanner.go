@@ -33,6 +33,7 @@ import (
 type Store interface {
 	Heartbeat(ctx context.Context, srv repository.Server) (repository.Server, error)
 	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, errJSON func(reason string) string) (restarted, stopped int64, err error)
+	FailLostJobs(ctx context.Context, self repository.Server, running []string, quietSince time.Time, errJSON string) (int64, error)
 	OrphanCandidates(ctx context.Context) ([]repository.Cluster, error)
 	JobsByID(ctx context.Context, ids []string) (map[string]repository.Job, error)
 	InProgressJobsWithoutResource(ctx context.Context) ([]repository.Job, error)
@@ -62,6 +63,9 @@ type Config struct {
 	Infra     Machines
 	// Self is this server's registration (its id and incarnation).
 	Self repository.Server
+	// Running, optional, lists the jobs this process's runner runs; the
+	// server's own IN_PROGRESS jobs missing from it are lost and failed.
+	Running func() []string
 	// HeartbeatInterval (default 1s), PeerTimeout (default 6s): a server
 	// whose heartbeat is older than PeerTimeout is dead.
 	HeartbeatInterval time.Duration
@@ -237,6 +241,18 @@ func (s *Scanner) liveness(ctx context.Context, r *Report) {
 	}
 	if restarted+stopped > 0 {
 		s.log.Info("failed the jobs of stopped servers", "server_restarted", restarted, "owner_stopped", stopped)
+	}
+	if s.cfg.Running == nil {
+		return
+	}
+	lost, err := s.cfg.Store.FailLostJobs(ctx, s.cfg.Self, s.cfg.Running(), s.now().Add(-s.cfg.ScanInterval),
+		failedJSON("the job's end could not be recorded by its server"))
+	r.JobsFailed += int(lost)
+	if err != nil {
+		r.fail(fmt.Errorf("liveness: %w", err))
+	}
+	if lost > 0 {
+		s.log.Warn("failed jobs this server no longer runs", "jobs", lost)
 	}
 }
 

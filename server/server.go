@@ -138,7 +138,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Lease: lease,
 	})
 	s.scanner = scanner.New(scanner.Config{
-		Store: s.store, Recoverer: clusters, Infra: s.sim, Self: s.self,
+		Store: s.store, Recoverer: clusters, Infra: s.sim, Self: s.self, Running: s.runner.Running,
 		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})

@@ -1,0 +1,153 @@
+package repository_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+	"github.com/clusterd/clusterd/repository/repotest"
+)
+
+func errJSON(reason string) string { return `{"code":14,"message":"` + reason + `"}` }
+
+// claimOn claims a RUNNING cluster for a scale run by server srv.
+func claimOn(t *testing.T, s *repository.Store, name string, srv repository.Server) (repository.Cluster, repository.Job) {
+	t.Helper()
+	c := running(t, s, name)
+	c, j, err := s.Claim(ctxT(t), repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.ScaleUpRequested},
+		repository.NewJob{Kind: "scale", ServerID: srv.ID, ServerIncarnation: srv.Incarnation, Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, j
+}
+
+func TestFailJobsOfDeadServers(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+			clock := func() time.Time { return now }
+			s := repotest.Open(t, b, repository.WithClock(clock))
+			ctx := ctxT(t)
+			oldSelf, _ := s.RegisterServer(ctx, "me")
+			_, restartedJob := claimOn(t, s, "a", oldSelf)
+			self, _ := s.RegisterServer(ctx, "me") // this process, a new incarnation
+			_, mine := claimOn(t, s, "b", self)
+			peer, _ := s.RegisterServer(ctx, "peer")
+			_, peerJob := claimOn(t, s, "c", peer)
+			dead, _ := s.RegisterServer(ctx, "dead")
+			_, deadJob := claimOn(t, s, "d", dead)
+
+			// 10 s later: everyone but "dead" heartbeats.
+			now = now.Add(10 * time.Second)
+			for _, srv := range []repository.Server{self, peer} {
+				if _, err := s.Heartbeat(ctx, srv); err != nil {
+					t.Fatal(err)
+				}
+			}
+			restarted, stopped, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), errJSON)
+			if err != nil || restarted != 1 || stopped != 1 {
+				t.Fatalf("FailJobsOfDeadServers = %d restarted, %d stopped, %v; want 1, 1", restarted, stopped, err)
+			}
+			want := map[string]repository.JobStatus{restartedJob.ID: repository.JobFailed, mine.ID: repository.JobInProgress,
+				peerJob.ID: repository.JobInProgress, deadJob.ID: repository.JobFailed}
+			for id, st := range want {
+				j, _ := s.GetJob(ctx, id)
+				if j.Status != st {
+					t.Errorf("job %s (server %s) = %s; want %s", id, j.ServerID, j.Status, st)
+				}
+			}
+			if j, _ := s.GetJob(ctx, restartedJob.ID); j.Error != errJSON("server restarted") {
+				t.Errorf("restarted job error = %s", j.Error)
+			}
+			if j, _ := s.GetJob(ctx, deadJob.ID); j.Error != errJSON("owner server stopped") {
+				t.Errorf("dead server's job error = %s", j.Error)
+			}
+			// Running it again changes nothing: the CAS is on IN_PROGRESS.
+			if r, st, _ := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), errJSON); r+st != 0 {
+				t.Errorf("second pass failed %d more jobs", r+st)
+			}
+		})
+	}
+}
+
+func TestFailLostJobs(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
+			ctx := ctxT(t)
+			self, _ := s.RegisterServer(ctx, "me")
+			_, runningJob := claimOn(t, s, "a", self)
+			_, lostJob := claimOn(t, s, "b", self)
+			now = now.Add(time.Minute)
+			_, freshJob := claimOn(t, s, "c", self) // just claimed, not yet handed to the runner
+			n, err := s.FailLostJobs(ctx, self, []string{runningJob.ID}, now.Add(-2*time.Second), errJSON("lost"))
+			if err != nil || n != 1 {
+				t.Fatalf("FailLostJobs = %d, %v; want 1", n, err)
+			}
+			for id, want := range map[string]repository.JobStatus{runningJob.ID: repository.JobInProgress, lostJob.ID: repository.JobFailed, freshJob.ID: repository.JobInProgress} {
+				if j, _ := s.GetJob(ctx, id); j.Status != want {
+					t.Errorf("job %s = %s; want %s", id, j.Status, want)
+				}
+			}
+		})
+	}
+}
+
+func TestOrphanCandidatesAndUnheldClusters(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		srv, _ := s.RegisterServer(ctx, "me")
+		held, _ := claimOn(t, s, "held", srv)
+		idle := running(t, s, "idle")
+		creating, _ := create(t, s, "creating")
+		got, err := s.OrphanCandidates(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, c := range got {
+			ids = append(ids, c.ID)
+		}
+		if !slices.Contains(ids, held.ID) || !slices.Contains(ids, creating.ID) || slices.Contains(ids, idle.ID) {
+			t.Errorf("orphan candidates = %v; want the held and the CREATED cluster, not the idle one", ids)
+		}
+		unheld, err := s.UnheldClusters(ctx, []lifecycle.State{lifecycle.Running, lifecycle.Scaling}, 10)
+		if err != nil || len(unheld) != 1 || unheld[0].ID != idle.ID {
+			t.Errorf("UnheldClusters = %v, %v; want only %s", unheld, err, idle.ID)
+		}
+	})
+}
+
+func TestPurgeJobsKeepsHeldAndRecent(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
+			ctx := ctxT(t)
+			srv, _ := s.RegisterServer(ctx, "me")
+			old := running(t, s, "old") // its create job ended at "now"
+			_, heldJob := claimOn(t, s, "held", srv)
+			if _, err := s.FinishJob(ctx, repository.Finish{JobID: heldJob.ID, Status: repository.JobFailed}); err != nil {
+				t.Fatal(err) // ended, but the cluster still names it (an orphan)
+			}
+			now = now.Add(8 * 24 * time.Hour)
+			recent := running(t, s, "recent")
+			n, err := s.PurgeJobs(ctx, now.Add(-7*24*time.Hour), 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			jobs, _ := s.ListJobs(ctx, repository.JobQuery{Limit: 100})
+			var left []string
+			for _, j := range jobs {
+				left = append(left, j.ResourceID+"/"+j.Kind)
+			}
+			if n != 2 || !slices.Contains(left, heldJob.ResourceID+"/scale") || !slices.Contains(left, recent.ID+"/create") || slices.Contains(left, old.ID+"/create") {
+				t.Errorf("purged %d, left %v; want the old create jobs gone, the orphan's job and the recent one kept", n, left)
+			}
+		})
+	}
+}
