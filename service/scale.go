@@ -91,8 +91,15 @@ func (s *Clusters) checkScale(ctx context.Context, c repository.Cluster, p scale
 		return &InvalidTransitionError{Cluster: clusterName(c.ID), State: c.State, Event: p.event(current),
 			Detail: "a stopped cluster cannot change size; start it first, or change only its service offering"}
 	}
-	if p.Offering == c.Spec.ServiceOffering && target == current && p.Autoscaling == nil {
-		v.add("service_offering", "the cluster already has %d workers of offering %q: nothing to change", current, c.Spec.ServiceOffering)
+	if (p.Offering == "" || p.Offering == c.Spec.ServiceOffering) && target == current && p.Autoscaling == nil && len(p.Remove) == 0 {
+		field := "service_offering"
+		if p.Offering == "" {
+			field = "worker_node_count"
+		}
+		v.add(field, "the cluster already has %d workers of offering %q: nothing to change", current, c.Spec.ServiceOffering)
+	}
+	if a := p.Autoscaling; a != nil && a.Enabled && c.Spec.ControlNodeCount+a.MaxSize > s.catalog.MaxClusterSize {
+		v.add("autoscaling.max_size", "%d control + %d workers exceeds the maximum cluster size %d", c.Spec.ControlNodeCount, a.MaxSize, s.catalog.MaxClusterSize)
 	}
 	if target < 1 {
 		v.add("worker_node_count", "a cluster keeps at least 1 worker; %d would remain", target)

@@ -23,6 +23,9 @@ type upgradePlan struct {
 // interrupted upgrade again resumes it.
 func (s *Clusters) UpgradeCluster(ctx context.Context, req *clv1.UpgradeClusterRequest) (*longrunningpb.Operation, error) {
 	target := req.GetKubernetesVersion()
+	if _, err := parseName("name", req.GetName(), clusterPrefix); err != nil {
+		return nil, err
+	}
 	if !s.catalog.hasVersion(target) {
 		return nil, invalid("kubernetes_version", "unsupported version %q (one of %s)", target, strings.Join(s.catalog.Versions, ", "))
 	}
