@@ -46,25 +46,38 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff t
 	return restarted, res.RowsAffected, nil
 }
 
-// FailLostJobs ends this process's own IN_PROGRESS jobs that its runner no
-// longer runs (running lists those it does) and that have not written
-// since quietSince: a job whose end could not be written (the database was
-// unreachable when it finished) would otherwise hold its cluster forever,
-// since its server is alive. quietSince keeps a job that was just claimed,
-// and not yet handed to the runner, out of reach.
-func (s *Store) FailLostJobs(ctx context.Context, self Server, running []string, quietSince time.Time, errJSON string) (int64, error) {
+// OwnJobsInProgress lists the IN_PROGRESS jobs of this server incarnation,
+// so the scanner can find those its runner no longer runs.
+func (s *Store) OwnJobsInProgress(ctx context.Context, self Server) ([]Job, error) {
+	var rows []jobRow
+	err := s.db.WithContext(ctx).Where("status = ? AND server_id = ? AND server_incarnation = ?",
+		string(JobInProgress), self.ID, self.Incarnation).Order("id").Find(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("list jobs of %s: %w", self.ID, classify(err))
+	}
+	out := make([]Job, len(rows))
+	for i := range rows {
+		out[i] = rows[i].toJob()
+	}
+	return out, nil
+}
+
+// FailJobUnchanged ends an IN_PROGRESS job only if it has not written since
+// the caller saw it (its update_time is still seen): a compare-and-set on the
+// job's own progress, so a job that moved on in between is left alone
+// (ErrConflict).
+func (s *Store) FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error {
 	now := s.stamp()
-	db := s.db.WithContext(ctx).Model(&jobRow{}).
-		Where("status = ? AND server_id = ? AND server_incarnation = ? AND update_time < ?",
-			string(JobInProgress), self.ID, self.Incarnation, quietSince.UTC())
-	if len(running) > 0 {
-		db = db.Where("id NOT IN ?", running)
-	}
-	res := db.Updates(map[string]any{"status": string(JobFailed), "error": errJSON, "end_time": now, "update_time": now})
+	res := s.db.WithContext(ctx).Model(&jobRow{}).
+		Where("id = ? AND status = ? AND update_time = ?", id, string(JobInProgress), seen.UTC()).
+		Updates(map[string]any{"status": string(JobFailed), "error": errJSON, "end_time": now, "update_time": now})
 	if res.Error != nil {
-		return 0, fmt.Errorf("fail lost jobs of %s: %w", self.ID, classify(res.Error))
+		return fmt.Errorf("fail job %s: %w", id, classify(res.Error))
 	}
-	return res.RowsAffected, nil
+	if res.RowsAffected != 1 {
+		return fmt.Errorf("fail job %s: it moved on or ended: %w", id, ErrConflict)
+	}
+	return nil
 }
 
 // OrphanCandidates lists, in one query, the clusters recovery must look at:

@@ -1,6 +1,7 @@
 package repository_test
 
 import (
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -73,22 +74,34 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 	}
 }
 
-func TestFailLostJobs(t *testing.T) {
+func TestOwnJobsAndFailJobUnchanged(t *testing.T) {
 	for _, b := range repotest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
 			ctx := ctxT(t)
+			other, _ := s.RegisterServer(ctx, "other")
+			claimOn(t, s, "theirs", other)
 			self, _ := s.RegisterServer(ctx, "me")
-			_, runningJob := claimOn(t, s, "a", self)
-			_, lostJob := claimOn(t, s, "b", self)
-			now = now.Add(time.Minute)
-			_, freshJob := claimOn(t, s, "c", self) // just claimed, not yet handed to the runner
-			n, err := s.FailLostJobs(ctx, self, []string{runningJob.ID}, now.Add(-2*time.Second), errJSON("lost"))
-			if err != nil || n != 1 {
-				t.Fatalf("FailLostJobs = %d, %v; want 1", n, err)
+			_, a := claimOn(t, s, "a", self)
+			_, b := claimOn(t, s, "b", self)
+			own, err := s.OwnJobsInProgress(ctx, self)
+			if err != nil || len(own) != 2 || own[0].ID != a.ID || own[1].ID != b.ID {
+				t.Fatalf("OwnJobsInProgress = %v, %v; want jobs %s and %s", own, err, a.ID, b.ID)
 			}
-			for id, want := range map[string]repository.JobStatus{runningJob.ID: repository.JobInProgress, lostJob.ID: repository.JobFailed, freshJob.ID: repository.JobInProgress} {
+			seen := own[1].UpdateTime
+			now = now.Add(time.Second)
+			if _, err := s.RecordProgress(ctx, b.ID, repository.Progress{Step: "power_on"}); err != nil {
+				t.Fatal(err)
+			}
+			// b wrote since it was seen: it is alive, leave it.
+			if err := s.FailJobUnchanged(ctx, b.ID, seen, errJSON("lost")); !errors.Is(err, repository.ErrConflict) {
+				t.Errorf("failing a job that moved on: %v; want ErrConflict", err)
+			}
+			if err := s.FailJobUnchanged(ctx, a.ID, own[0].UpdateTime, errJSON("lost")); err != nil {
+				t.Errorf("failing an unchanged job: %v", err)
+			}
+			for id, want := range map[string]repository.JobStatus{a.ID: repository.JobFailed, b.ID: repository.JobInProgress} {
 				if j, _ := s.GetJob(ctx, id); j.Status != want {
 					t.Errorf("job %s = %s; want %s", id, j.Status, want)
 				}

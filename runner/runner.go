@@ -164,7 +164,9 @@ type Runner struct {
 
 	mu      sync.Mutex
 	stopped bool
-	running map[string]struct{}
+	// running maps the jobs of this process to whether their goroutine
+	// started (false: reserved by a claim that has not committed yet).
+	running map[string]bool
 }
 
 // New returns a Runner ready to Start tasks.
@@ -186,7 +188,7 @@ func New(cfg Config) *Runner {
 		lease:         cfg.Lease,
 		ctx:           ctx,
 		cancel:        cancel,
-		running:       map[string]struct{}{},
+		running:       map[string]bool{},
 	}
 }
 
@@ -209,18 +211,39 @@ func (r *Runner) Start(t Task) error {
 	if r.stopped {
 		return fmt.Errorf("start job %s: %w", t.Job.ID, ErrStopped)
 	}
-	if _, dup := r.running[t.Job.ID]; dup {
+	if r.running[t.Job.ID] {
 		return fmt.Errorf("start job %s: already running", t.Job.ID)
 	}
-	r.running[t.Job.ID] = struct{}{}
+	r.running[t.Job.ID] = true
 	// Add under mu, which Shutdown takes before Wait: no Add can follow Wait.
 	r.wg.Add(1)
 	go r.run(t)
 	return nil
 }
 
-// Running returns the ids of the jobs running in this process, sorted. A job
-// stays listed until its end is written, so a liveness check that compares
+// Reserve lists a job id as running before the claim that creates the job
+// commits, so that no moment exists when the job is IN_PROGRESS in the
+// database but unknown to this runner (the scanner fails such jobs as
+// lost). The caller must Start the job, or call the returned release if the
+// claim failed; release after Start does nothing.
+func (r *Runner) Reserve(jobID string) (release func()) {
+	r.mu.Lock()
+	if _, ok := r.running[jobID]; !ok {
+		r.running[jobID] = false
+	}
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		if started, ok := r.running[jobID]; ok && !started {
+			delete(r.running, jobID)
+		}
+		r.mu.Unlock()
+	}
+}
+
+// Running returns the ids of the jobs running in this process (and those
+// reserved by a claim in flight), sorted. A job stays listed until its end
+// is written, so a liveness check that compares
 // this list with the IN_PROGRESS jobs of this server never sees a live job as
 // orphaned.
 func (r *Runner) Running() []string {

@@ -787,3 +787,18 @@ func TestStartRefusesBadTasks(t *testing.T) {
 		}
 	})
 }
+
+func TestReserveListsAJobBeforeItsClaimCommits(t *testing.T) {
+	r := runner.New(runner.Config{})
+	release := r.Reserve("job-1")
+	if got := r.Running(); len(got) != 1 || got[0] != "job-1" {
+		t.Fatalf("Running() after Reserve = %v; want [job-1]", got)
+	}
+	release() // the claim failed
+	if got := r.Running(); len(got) != 0 {
+		t.Errorf("Running() after release = %v; want none", got)
+	}
+	if err := r.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

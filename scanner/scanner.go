@@ -33,7 +33,8 @@ import (
 type Store interface {
 	Heartbeat(ctx context.Context, srv repository.Server) (repository.Server, error)
 	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, errJSON func(reason string) string) (restarted, stopped int64, err error)
-	FailLostJobs(ctx context.Context, self repository.Server, running []string, quietSince time.Time, errJSON string) (int64, error)
+	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.Job, error)
+	FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error
 	OrphanCandidates(ctx context.Context) ([]repository.Cluster, error)
 	JobsByID(ctx context.Context, ids []string) (map[string]repository.Job, error)
 	InProgressJobsWithoutResource(ctx context.Context) ([]repository.Job, error)
@@ -102,6 +103,9 @@ type Scanner struct {
 	mu            sync.Mutex
 	lastReconcile time.Time
 	destroyRetry  map[string]retry
+	// suspects are this server's IN_PROGRESS jobs that the runner did not
+	// run at the last pass, with the update time seen then.
+	suspects map[string]time.Time
 
 	metrics counters
 }
@@ -242,17 +246,53 @@ func (s *Scanner) liveness(ctx context.Context, r *Report) {
 	if restarted+stopped > 0 {
 		s.log.Info("failed the jobs of stopped servers", "server_restarted", restarted, "owner_stopped", stopped)
 	}
+	s.lostJobs(ctx, r)
+}
+
+// lostJobs fails this server's own IN_PROGRESS jobs that its runner no
+// longer runs: a job whose end could not be written (the database was
+// unreachable as it finished) would otherwise hold its cluster for as long
+// as this server lives. A job is failed only if two passes in a row found it
+// not running and it wrote nothing in between, so a job whose claim commits
+// just as a pass runs (not yet handed to the runner) is never taken for lost.
+// No job's age is involved.
+func (s *Scanner) lostJobs(ctx context.Context, r *Report) {
 	if s.cfg.Running == nil {
 		return
 	}
-	lost, err := s.cfg.Store.FailLostJobs(ctx, s.cfg.Self, s.cfg.Running(), s.now().Add(-s.cfg.ScanInterval),
-		failedJSON("the job's end could not be recorded by its server"))
-	r.JobsFailed += int(lost)
-	if err != nil {
-		r.fail(fmt.Errorf("liveness: %w", err))
+	running := map[string]bool{}
+	for _, id := range s.cfg.Running() { // before the query: see above
+		running[id] = true
 	}
-	if lost > 0 {
-		s.log.Warn("failed jobs this server no longer runs", "jobs", lost)
+	own, err := s.cfg.Store.OwnJobsInProgress(ctx, s.cfg.Self)
+	if err != nil {
+		r.fail(fmt.Errorf("lost jobs: %w", err))
+		return
+	}
+	cur := map[string]time.Time{}
+	for _, j := range own {
+		if !running[j.ID] {
+			cur[j.ID] = j.UpdateTime
+		}
+	}
+	s.mu.Lock()
+	prev := s.suspects
+	s.suspects = cur
+	s.mu.Unlock()
+	for id, seen := range cur {
+		if before, ok := prev[id]; !ok || !before.Equal(seen) {
+			continue
+		}
+		err := s.cfg.Store.FailJobUnchanged(ctx, id, seen, failedJSON("its server lost track of it (the end of the job could not be recorded)"))
+		switch {
+		case err == nil:
+			r.JobsFailed++
+			s.log.Warn("failed a job this server no longer runs", "job", id)
+		case errors.Is(err, repository.ErrConflict):
+			r.LostRaces++
+		default:
+			r.fail(fmt.Errorf("lost jobs: %w", err))
+		}
 	}
 }
 

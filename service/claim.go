@@ -144,6 +144,21 @@ func (s *Clusters) run(ctx context.Context, r request) (*longrunningpb.Operation
 	if op, found, err := s.replay(ctx, r.requestID, r.verb, id); found || err != nil {
 		return op, err
 	}
+	op, err := s.admitAndClaim(ctx, id, r)
+	if err != nil && r.requestID != "" {
+		// A copy of this request (same request_id) may have claimed the
+		// cluster since the lookup above, and its claim refused this one:
+		// answer with its operation, as AIP-155 asks.
+		if op, found, rerr := s.replay(ctx, r.requestID, r.verb, id); found || rerr != nil {
+			return op, rerr
+		}
+	}
+	return op, err
+}
+
+// admitAndClaim reads the cluster, refuses per SPEC §3.3, checks the request
+// against the cluster, then claims it and starts the work.
+func (s *Clusters) admitAndClaim(ctx context.Context, id string, r request) (*longrunningpb.Operation, error) {
 	c, err := s.store.GetCluster(ctx, id)
 	if err != nil {
 		return nil, notFound(err, r.name)
@@ -160,16 +175,9 @@ func (s *Clusters) run(ctx context.Context, r request) (*longrunningpb.Operation
 			return nil, err
 		}
 	}
-	op, err := s.claim(ctx, repository.Transition{
+	return s.claim(ctx, repository.Transition{
 		ClusterID: id, Expect: c.Expect(), Event: ev, Message: fmt.Sprintf("%s requested", r.verb),
 	}, r.verb, r.requestID, r.params, r.work)
-	if errors.Is(err, repository.ErrAlreadyExists) && r.requestID != "" {
-		// The same request_id raced in concurrently and won: answer with its operation.
-		if op, found, rerr := s.replay(ctx, r.requestID, r.verb, id); found || rerr != nil {
-			return op, rerr
-		}
-	}
-	return op, err
 }
 
 // claim writes the claim (the CAS, the job row and the history entry in one
@@ -182,7 +190,9 @@ func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb, req
 	if err != nil {
 		return nil, fmt.Errorf("encode %s parameters: %w", verb, err)
 	}
-	_, job, err := s.store.Claim(ctx, t, s.newJob(verb, requestID, string(raw)))
+	nj := s.newJob(verb, requestID, string(raw))
+	defer s.runner.Reserve(nj.ID)()
+	_, job, err := s.store.Claim(ctx, t, nj)
 	if err != nil {
 		return nil, err
 	}
@@ -207,6 +217,9 @@ var errNoLease = errors.New("this server cannot reach the database reliably and 
 // newJob describes the job a claim inserts.
 func (s *Clusters) newJob(verb, requestID, params string) repository.NewJob {
 	return repository.NewJob{
+		// A UUIDv7 (ids sort by creation), chosen here so that the runner
+		// can reserve it before the claim commits.
+		ID:                uuid.Must(uuid.NewV7()).String(),
 		Kind:              verb,
 		ServerID:          s.serverID,
 		ServerIncarnation: s.incarnation,

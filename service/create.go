@@ -30,7 +30,9 @@ func (s *Clusters) CreateCluster(ctx context.Context, req *clv1.CreateClusterReq
 		return nil, err
 	}
 	params, _ := json.Marshal(nc.Spec)
-	c, job, err := s.store.CreateCluster(ctx, nc, s.newJob(VerbCreate, req.GetRequestId(), string(params)))
+	nj := s.newJob(VerbCreate, req.GetRequestId(), string(params))
+	defer s.runner.Reserve(nj.ID)()
+	c, job, err := s.store.CreateCluster(ctx, nc, nj)
 	if errors.Is(err, repository.ErrAlreadyExists) {
 		if op, found, rerr := s.replay(ctx, req.GetRequestId(), VerbCreate, ""); found || rerr != nil {
 			return op, rerr

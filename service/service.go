@@ -33,8 +33,11 @@ type Store interface {
 	RecordEvent(ctx context.Context, e repository.Event) error
 }
 
-// JobStarter runs claimed jobs asynchronously (the runner).
+// JobStarter runs claimed jobs asynchronously (the runner). Reserve lists a
+// job as this server's before its claim commits, so the scanner never sees
+// it IN_PROGRESS yet unknown to the runner.
 type JobStarter interface {
+	Reserve(jobID string) (release func())
 	Start(t runner.Task) error
 }
 
