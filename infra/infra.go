@@ -29,10 +29,13 @@ const (
 	StepDeployProvider   = "deploy_provider"
 	StepDeployAutoscaler = "deploy_autoscaler"
 	StepDrainNode        = "drain_node"
-	StepDeleteNode       = "delete_node"
-	StepUpgradeNode      = "upgrade_node"
-	StepValidateNode     = "validate_node"
-	StepDestroyMachine   = "destroy_machine"
+	// StepUncordonNode lets work back onto a node that an interrupted drain
+	// left cordoned (recovery's repair; an upgrade uncordons in upgrade_node).
+	StepUncordonNode   = "uncordon_node"
+	StepDeleteNode     = "delete_node"
+	StepUpgradeNode    = "upgrade_node"
+	StepValidateNode   = "validate_node"
+	StepDestroyMachine = "destroy_machine"
 	// StepResizeMachine changes a machine's service offering (a scale of the
 	// offering); the model does it as a VM scale, which has no name in the
 	// step list above.
@@ -45,7 +48,7 @@ func Steps() []string {
 		StepProvisionMachine, StepPowerOn, StepPowerOff, StepAttachISO, StepDetachISO,
 		StepConfigureNetwork, StepJoinNode, StepWaitAPI, StepFetchKubeconfig, StepDeployProvider,
 		StepDeployAutoscaler, StepDrainNode, StepDeleteNode, StepUpgradeNode, StepValidateNode,
-		StepDestroyMachine, StepResizeMachine,
+		StepDestroyMachine, StepResizeMachine, StepUncordonNode,
 	}
 }
 
@@ -147,6 +150,8 @@ type Infrastructure interface {
 	DeployAutoscaler(ctx context.Context, c Call, enabled bool, minSize, maxSize int32) error
 	// DrainNode (drain_node) cordons and drains c.MachineID.
 	DrainNode(ctx context.Context, c Call) error
+	// UncordonNode (uncordon_node) lets work back onto c.MachineID.
+	UncordonNode(ctx context.Context, c Call) error
 	// DeleteNode (delete_node) removes c.MachineID from Kubernetes and from
 	// its cluster; the machine becomes a free EXTERNAL machine.
 	DeleteNode(ctx context.Context, c Call) error

@@ -272,12 +272,14 @@ func (r *rig) history(cluster string) []repository.Event {
 	}
 }
 
-// historyOf is op's entries of the cluster's history as EVENT:FROM->TO.
+// historyOf is op's entries of the cluster's history as EVENT:FROM->TO,
+// leaving out the REPAIR entries a failed operation records on its way out
+// (they change no state).
 func (r *rig) historyOf(cluster string, op *longrunningpb.Operation) []string {
 	r.t.Helper()
 	var out []string
 	for _, e := range r.history(cluster) {
-		if e.Operation == operationUUID(op.GetName()) {
+		if e.Operation == operationUUID(op.GetName()) && e.Name != repository.Repair {
 			out = append(out, fmt.Sprintf("%s:%s->%s", e.Name, e.From, e.To))
 		}
 	}

@@ -39,7 +39,7 @@ func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orph
 			// in-place start died, is only released).
 			o.endEvent, o.failEvent = ev, ev
 			o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(c.CurrentOperation), reason)
-			return repository.Changes{}, o.repair(ctx, orphanKind)
+			return o.repair(ctx, orphanKind)
 		})
 	return err
 }
@@ -78,7 +78,25 @@ func (s *Clusters) RecoverAlert(ctx context.Context, c repository.Cluster) error
 		if !infra.AllRunningAndJoined(machines) {
 			return repository.Changes{}, errors.New("machines changed during recovery: not all running and joined")
 		}
-		return repository.Changes{}, o.repair(ctx, "")
+		ch, err := o.repair(ctx, "")
+		if err != nil || c.Endpoint != "" {
+			return ch, err
+		}
+		// A create that failed after its nodes joined never got its API,
+		// kubeconfig and provider: finish it as a start would.
+		o.expect(1)
+		if err := o.step(ctx, infra.StepWaitAPI); err != nil {
+			return ch, err
+		}
+		endpoint, err := s.infra.WaitAPI(ctx, o.call(""))
+		if err != nil {
+			return ch, err
+		}
+		if err := o.finishUp(ctx, c); err != nil {
+			return ch, err
+		}
+		ch.Endpoint = &endpoint
+		return ch, nil
 	})
 	return err
 }
@@ -94,21 +112,25 @@ func (s *Clusters) StopAlert(ctx context.Context, c repository.Cluster) error {
 	return err
 }
 
-// repair converges what an interrupted operation left (SPEC §5.3): machines
-// beyond the node count that never joined are removed (returned to the free
-// pool when an AddNodes adopted them, destroyed otherwise), an ISO left
-// attached is detached, and the network rules match the machines. Each
-// repair is recorded in the cluster's history. An interrupted upgrade needs
-// nothing here: it is run again, and skips the nodes already upgraded.
-func (o *op) repair(ctx context.Context, orphanKind string) error {
+// repair converges what an interrupted or failed operation left (SPEC
+// §5.3): machines beyond the node count that never joined are removed
+// (returned to the free pool when an AddNodes adopted them, destroyed
+// otherwise), machines are resized back to the spec's offering, nodes an
+// interrupted drain left cordoned are uncordoned, ISOs left attached are
+// detached, and the network rules match the machines. Each repair is
+// recorded in the cluster's history. When the operation was changing the
+// node set (scale, add or remove nodes), the returned changes record the
+// counts of the nodes kept, so the spec says what exists. An interrupted
+// upgrade needs nothing more: run again, it skips the nodes already done.
+func (o *op) repair(ctx context.Context, kind string) (repository.Changes, error) {
 	s := o.s
 	c, err := o.held(ctx)
 	if err != nil {
-		return err
+		return repository.Changes{}, err
 	}
 	machines, err := s.infra.Machines(ctx, c.ID)
 	if err != nil {
-		return err
+		return repository.Changes{}, err
 	}
 	want := map[infra.Role]int32{infra.RoleControl: c.Spec.ControlNodeCount, infra.RoleWorker: c.Spec.WorkerNodeCount}
 	have := map[infra.Role]int32{}
@@ -125,44 +147,87 @@ func (o *op) repair(ctx context.Context, orphanKind string) error {
 		}
 		have[m.Role]--
 		name, do := infra.StepDestroyMachine, s.infra.DestroyMachine
-		if orphanKind == VerbAddNodes {
+		if kind == VerbAddNodes {
 			name, do = infra.StepDeleteNode, s.infra.DeleteNode
 		}
-		o.expect(1)
-		if err := o.step(ctx, name); err != nil {
-			return err
+		if err := o.fix(ctx, c, name, func() error { return do(ctx, o.call(m.ID)) },
+			"%s: %s%s beyond the %d %s nodes never joined", name, machinePrefix, m.ID, want[m.Role], m.Role); err != nil {
+			return repository.Changes{}, err
 		}
-		if err := do(ctx, o.call(m.ID)); err != nil {
-			return err
-		}
-		o.repaired(ctx, c, fmt.Sprintf("%s: %s%s beyond the %d %s nodes never joined", name, machinePrefix, m.ID, want[m.Role], m.Role))
 	}
 	slices.Reverse(keep)
 	for _, m := range keep {
-		if m.AttachedISO == "" {
-			continue
+		// A machine AddNodes adopted keeps its own size (its offering is
+		// unknown to clusterd); the others follow the spec's.
+		if off := c.Spec.ServiceOffering; off != "" && m.Offering != "" && m.Offering != off {
+			if err := o.fix(ctx, c, infra.StepResizeMachine, func() error { return s.infra.ResizeMachine(ctx, o.call(m.ID), off) },
+				"resize_machine: %s%s back from %q to the cluster's offering %q", machinePrefix, m.ID, m.Offering, off); err != nil {
+				return repository.Changes{}, err
+			}
 		}
-		o.expect(1)
-		if err := o.step(ctx, infra.StepDetachISO); err != nil {
-			return err
+		if m.Joined && m.Cordoned {
+			if err := o.fix(ctx, c, infra.StepUncordonNode, func() error { return s.infra.UncordonNode(ctx, o.call(m.ID)) },
+				"uncordon_node: %s%s was left cordoned", machinePrefix, m.ID); err != nil {
+				return repository.Changes{}, err
+			}
 		}
-		if err := s.infra.DetachISO(ctx, o.call(m.ID)); err != nil {
-			return err
+		if iso := m.AttachedISO; iso != "" {
+			if err := o.fix(ctx, c, infra.StepDetachISO, func() error { return s.infra.DetachISO(ctx, o.call(m.ID)) },
+				"detach_iso: %s left attached to %s%s", iso, machinePrefix, m.ID); err != nil {
+				return repository.Changes{}, err
+			}
 		}
-		o.repaired(ctx, c, fmt.Sprintf("detach_iso: %s left attached to %s%s", m.AttachedISO, machinePrefix, m.ID))
 	}
 	rules, err := s.infra.Rules(ctx, c.ID)
 	if err != nil {
+		return repository.Changes{}, err
+	}
+	if wantRules := rulesFor(keep); !sameRules(rules, wantRules) {
+		if err := o.fix(ctx, c, infra.StepConfigureNetwork, func() error { return s.infra.ConfigureNetwork(ctx, o.call(""), wantRules) },
+			"configure_network: %d rules converged to %d", len(rules), len(wantRules)); err != nil {
+			return repository.Changes{}, err
+		}
+	}
+	if !slices.Contains([]string{VerbScale, VerbAddNodes, VerbRemoveNodes}, kind) {
+		return repository.Changes{}, nil
+	}
+	kept := map[infra.Role]int32{}
+	for _, m := range keep {
+		kept[m.Role]++
+	}
+	if kept[infra.RoleControl] == c.Spec.ControlNodeCount && kept[infra.RoleWorker] == c.Spec.WorkerNodeCount {
+		return repository.Changes{}, nil
+	}
+	spec := c.Spec
+	spec.ControlNodeCount, spec.WorkerNodeCount = kept[infra.RoleControl], kept[infra.RoleWorker]
+	o.repaired(ctx, c, fmt.Sprintf("spec: %d control and %d worker nodes recorded (were %d and %d) to match the nodes the interrupted %s left",
+		spec.ControlNodeCount, spec.WorkerNodeCount, c.Spec.ControlNodeCount, c.Spec.WorkerNodeCount, kind))
+	return repository.Changes{Spec: &spec}, nil
+}
+
+// fix runs one repair step and records it.
+func (o *op) fix(ctx context.Context, c repository.Cluster, step string, do func() error, format string, args ...any) error {
+	o.expect(1)
+	if err := o.step(ctx, step); err != nil {
 		return err
 	}
-	if want := rulesFor(keep); !sameRules(rules, want) {
-		o.expect(1)
-		if err := o.configureNetwork(ctx, keep); err != nil {
-			return err
-		}
-		o.repaired(ctx, c, fmt.Sprintf("configure_network: %d rules converged to %d", len(rules), len(want)))
+	if err := do(); err != nil {
+		return err
 	}
+	o.repaired(ctx, c, fmt.Sprintf(format, args...))
 	return nil
+}
+
+// repairAfterFailure runs repair on the way out of a failed, cancelled or
+// interrupted operation, so a failure leaves no more debris than a crash
+// does. It is best effort: what it cannot do, recovery does later.
+func (o *op) repairAfterFailure(ctx context.Context) repository.Changes {
+	o.ending = true
+	ch, err := o.repair(ctx, o.job.Kind)
+	if err != nil && !errors.Is(err, errNotHeld) {
+		o.s.log.Warn("repair after a failed operation did not finish", "job", o.job.ID, "error", err)
+	}
+	return ch
 }
 
 // repaired records a repair in the cluster's history and the logs.

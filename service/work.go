@@ -38,6 +38,9 @@ type op struct {
 	response proto.Message
 	// endMessage, when set, is the history message of a successful end.
 	endMessage string
+	// ending is set while a failed operation repairs on its way out: its
+	// steps are no longer recorded (the job may have been cancelled).
+	ending bool
 	// total is the number of steps the operation expects so far; it grows as
 	// each phase learns how much work it has.
 	total int32
@@ -46,7 +49,9 @@ type op struct {
 // expect adds n steps to what the operation reports it will take.
 func (o *op) expect(n int32) {
 	o.total += n
-	o.p.SetTotal(o.total)
+	if o.p != nil {
+		o.p.SetTotal(o.total)
+	}
 }
 
 // errNotHeld: the cluster is no longer held by this operation (recovery
@@ -70,7 +75,8 @@ func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc
 			return o.succeed(ctx, changes)
 		},
 		Release: func(ctx context.Context, cause error) (*repository.Transition, error) {
-			t, _, err := o.release(ctx, o.failEvent, repository.Changes{}, "operation failed: "+cause.Error())
+			changes := o.repairAfterFailure(ctx)
+			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error())
 			return t, err
 		},
 	}
@@ -92,6 +98,9 @@ var errShuttingDown = errors.New("server shutting down")
 // step records that the operation starts step name (progress, and the
 // runner's cancellation and recovery checks).
 func (o *op) step(ctx context.Context, name string) error {
+	if o.ending {
+		return ctx.Err()
+	}
 	return o.p.Step(ctx, name)
 }
 

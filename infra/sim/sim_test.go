@@ -188,6 +188,16 @@ func TestStepsAreIdempotent(t *testing.T) {
 			},
 		},
 		{
+			step:  infra.StepUncordonNode,
+			setup: func(ctx context.Context, e env) error { return e.s.DrainNode(ctx, e.c.call(e.c.worker)) },
+			run:   func(ctx context.Context, e env) error { return e.s.UncordonNode(ctx, e.c.call(e.c.worker)) },
+			check: func(t *testing.T, e env, w world) {
+				if m := find(w, e.c.worker); m.Cordoned {
+					t.Error("still cordoned after uncordon_node")
+				}
+			},
+		},
+		{
 			step: infra.StepResizeMachine,
 			run:  func(ctx context.Context, e env) error { return e.s.ResizeMachine(ctx, e.c.call(e.c.worker), "large") },
 			check: func(t *testing.T, e env, w world) {

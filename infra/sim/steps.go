@@ -107,6 +107,12 @@ func (s *Simulator) JoinNode(ctx context.Context, c infra.Call, version string) 
 		repository.MachineChanges{Joined: new(true), KubernetesVersion: &version})
 }
 
+// UncordonNode lets work back onto the call's machine.
+func (s *Simulator) UncordonNode(ctx context.Context, c infra.Call) error {
+	return s.change(ctx, infra.StepUncordonNode, c, repository.MachineCondition{},
+		repository.MachineChanges{Cordoned: new(false)})
+}
+
 // DrainNode cordons the call's machine.
 func (s *Simulator) DrainNode(ctx context.Context, c infra.Call) error {
 	return s.change(ctx, infra.StepDrainNode, c, repository.MachineCondition{},
