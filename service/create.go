@@ -117,10 +117,7 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 	}
 	for _, m := range machines {
 		if m.Power == infra.PowerStopped {
-			if err := o.step(ctx, infra.StepPowerOn); err != nil {
-				return "", err
-			}
-			if err := s.infra.PowerOn(ctx, o.call(m.ID)); err != nil {
+			if err := o.do(ctx, infra.StepPowerOn, func() error { return s.infra.PowerOn(ctx, o.call(m.ID)) }); err != nil {
 				return "", err
 			}
 		}
@@ -131,10 +128,7 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 	iso := isoFor(c.Spec.KubernetesVersion)
 	for _, m := range machines {
 		if !m.Joined && m.AttachedISO != iso {
-			if err := o.step(ctx, infra.StepAttachISO); err != nil {
-				return "", err
-			}
-			if err := s.infra.AttachISO(ctx, o.call(m.ID), iso); err != nil {
+			if err := o.do(ctx, infra.StepAttachISO, func() error { return s.infra.AttachISO(ctx, o.call(m.ID), iso) }); err != nil {
 				return "", err
 			}
 		}
@@ -147,10 +141,7 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 	}
 	for _, m := range machines {
 		if !m.Joined {
-			if err := o.step(ctx, infra.StepJoinNode); err != nil {
-				return "", err
-			}
-			if err := s.infra.JoinNode(ctx, o.call(m.ID), c.Spec.KubernetesVersion); err != nil {
+			if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(m.ID), c.Spec.KubernetesVersion) }); err != nil {
 				return "", err
 			}
 		}
@@ -167,23 +158,14 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 func (o *op) finishUp(ctx context.Context, c repository.Cluster) error {
 	s := o.s
 	o.expect(2 + int32(boolInt(c.Spec.Autoscaling.Enabled)))
-	if err := o.step(ctx, infra.StepFetchKubeconfig); err != nil {
+	if err := o.do(ctx, infra.StepFetchKubeconfig, func() error { return s.infra.FetchKubeconfig(ctx, o.call("")) }); err != nil {
 		return err
 	}
-	if err := s.infra.FetchKubeconfig(ctx, o.call("")); err != nil {
-		return err
-	}
-	if err := o.step(ctx, infra.StepDeployProvider); err != nil {
-		return err
-	}
-	if err := s.infra.DeployProvider(ctx, o.call("")); err != nil {
+	if err := o.do(ctx, infra.StepDeployProvider, func() error { return s.infra.DeployProvider(ctx, o.call("")) }); err != nil {
 		return err
 	}
 	if a := c.Spec.Autoscaling; a.Enabled {
-		if err := o.step(ctx, infra.StepDeployAutoscaler); err != nil {
-			return err
-		}
-		if err := s.infra.DeployAutoscaler(ctx, o.call(""), true, a.MinSize, a.MaxSize); err != nil {
+		if err := o.do(ctx, infra.StepDeployAutoscaler, func() error { return s.infra.DeployAutoscaler(ctx, o.call(""), true, a.MinSize, a.MaxSize) }); err != nil {
 			return err
 		}
 	}
@@ -193,10 +175,9 @@ func (o *op) finishUp(ctx context.Context, c repository.Cluster) error {
 // configureNetwork converges the cluster's rules to those its machines need:
 // ssh to every node, the API port to control nodes.
 func (o *op) configureNetwork(ctx context.Context, machines []infra.Machine) error {
-	if err := o.step(ctx, infra.StepConfigureNetwork); err != nil {
-		return err
-	}
-	return o.s.infra.ConfigureNetwork(ctx, o.call(""), rulesFor(machines))
+	return o.do(ctx, infra.StepConfigureNetwork, func() error {
+		return o.s.infra.ConfigureNetwork(ctx, o.call(""), rulesFor(machines))
+	})
 }
 
 // rulesFor is the desired network rules of a set of machines.
@@ -219,10 +200,7 @@ func (o *op) detachISOs(ctx context.Context, clusterID string) error {
 	}
 	for _, m := range machines {
 		if m.AttachedISO != "" {
-			if err := o.step(ctx, infra.StepDetachISO); err != nil {
-				return err
-			}
-			if err := o.s.infra.DetachISO(ctx, o.call(m.ID)); err != nil {
+			if err := o.do(ctx, infra.StepDetachISO, func() error { return o.s.infra.DetachISO(ctx, o.call(m.ID)) }); err != nil {
 				return err
 			}
 		}

@@ -70,10 +70,7 @@ func (s *Clusters) checkAdd(ctx context.Context, c repository.Cluster, p nodesPl
 func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.Changes, error) {
 	o.expect(int32(2*len(p.Machines)) + 1)
 	for _, id := range p.Machines {
-		if err := o.step(ctx, infra.StepValidateNode); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := s.infra.ValidateNode(ctx, o.call(id)); err != nil {
+		if err := o.do(ctx, infra.StepValidateNode, func() error { return s.infra.ValidateNode(ctx, o.call(id)) }); err != nil {
 			return repository.Changes{}, err
 		}
 	}
@@ -89,10 +86,7 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 		return repository.Changes{}, err
 	}
 	for _, id := range p.Machines {
-		if err := o.step(ctx, infra.StepJoinNode); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := s.infra.JoinNode(ctx, o.call(id), c.Spec.KubernetesVersion); err != nil {
+		if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(id), c.Spec.KubernetesVersion) }); err != nil {
 			return repository.Changes{}, err
 		}
 	}
@@ -166,16 +160,10 @@ func (s *Clusters) removeWork(ctx context.Context, o *op, p nodesPlan) (reposito
 			keep = append(keep, m)
 			continue
 		}
-		if err := o.step(ctx, infra.StepDrainNode); err != nil {
+		if err := o.do(ctx, infra.StepDrainNode, func() error { return s.infra.DrainNode(ctx, o.call(m.ID)) }); err != nil {
 			return repository.Changes{}, err
 		}
-		if err := s.infra.DrainNode(ctx, o.call(m.ID)); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := o.step(ctx, infra.StepDeleteNode); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := s.infra.DeleteNode(ctx, o.call(m.ID)); err != nil {
+		if err := o.do(ctx, infra.StepDeleteNode, func() error { return s.infra.DeleteNode(ctx, o.call(m.ID)) }); err != nil {
 			return repository.Changes{}, err
 		}
 		if m.Role == infra.RoleControl {

@@ -61,10 +61,7 @@ func (s *Clusters) stopWork(ctx context.Context, o *op) (repository.Changes, err
 	// can hold the scanner's stop of an ALERT cluster like any other.
 	o.expect(int32(len(machines)))
 	for _, m := range machines {
-		if err := o.step(ctx, infra.StepPowerOff); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := s.infra.PowerOff(ctx, o.call(m.ID)); err != nil {
+		if err := o.do(ctx, infra.StepPowerOff, func() error { return s.infra.PowerOff(ctx, o.call(m.ID)) }); err != nil {
 			return repository.Changes{}, err
 		}
 	}
@@ -90,10 +87,7 @@ func (s *Clusters) deleteWork(ctx context.Context, o *op) (repository.Changes, e
 	}
 	o.expect(int32(len(machines)) + 1)
 	for _, m := range machines {
-		if err := o.step(ctx, infra.StepDestroyMachine); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := s.infra.DestroyMachine(ctx, o.call(m.ID)); err != nil {
+		if err := o.do(ctx, infra.StepDestroyMachine, func() error { return s.infra.DestroyMachine(ctx, o.call(m.ID)) }); err != nil {
 			return repository.Changes{}, err
 		}
 	}

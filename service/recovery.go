@@ -208,10 +208,7 @@ func (o *op) repair(ctx context.Context, kind string) (repository.Changes, error
 // fix runs one repair step and records it.
 func (o *op) fix(ctx context.Context, c repository.Cluster, step string, do func() error, format string, args ...any) error {
 	o.expect(1)
-	if err := o.step(ctx, step); err != nil {
-		return err
-	}
-	if err := do(); err != nil {
+	if err := o.do(ctx, step, do); err != nil {
 		return err
 	}
 	o.repaired(ctx, c, fmt.Sprintf(format, args...))

@@ -180,10 +180,7 @@ func (s *Clusters) scaleWork(ctx context.Context, o *op, p scalePlan) (repositor
 	if p.Offering != "" && p.Offering != spec.ServiceOffering {
 		o.expect(int32(len(machines)))
 		for _, m := range machines {
-			if err := o.step(ctx, infra.StepResizeMachine); err != nil {
-				return repository.Changes{}, err
-			}
-			if err := s.infra.ResizeMachine(ctx, o.call(m.ID), p.Offering); err != nil {
+			if err := o.do(ctx, infra.StepResizeMachine, func() error { return s.infra.ResizeMachine(ctx, o.call(m.ID), p.Offering) }); err != nil {
 				return repository.Changes{}, err
 			}
 		}
@@ -203,10 +200,7 @@ func (s *Clusters) scaleWork(ctx context.Context, o *op, p scalePlan) (repositor
 	spec.WorkerNodeCount = target
 	if a := p.Autoscaling; a != nil {
 		o.expect(1)
-		if err := o.step(ctx, infra.StepDeployAutoscaler); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := s.infra.DeployAutoscaler(ctx, o.call(""), a.Enabled, a.MinSize, a.MaxSize); err != nil {
+		if err := o.do(ctx, infra.StepDeployAutoscaler, func() error { return s.infra.DeployAutoscaler(ctx, o.call(""), a.Enabled, a.MinSize, a.MaxSize) }); err != nil {
 			return repository.Changes{}, err
 		}
 		spec.Autoscaling = *a
@@ -236,18 +230,12 @@ func (o *op) addWorkers(ctx context.Context, c repository.Cluster, spec reposito
 	}
 	iso := isoFor(spec.KubernetesVersion)
 	for _, m := range added {
-		if err := o.step(ctx, infra.StepAttachISO); err != nil {
-			return err
-		}
-		if err := s.infra.AttachISO(ctx, o.call(m.ID), iso); err != nil {
+		if err := o.do(ctx, infra.StepAttachISO, func() error { return s.infra.AttachISO(ctx, o.call(m.ID), iso) }); err != nil {
 			return err
 		}
 	}
 	for _, m := range added {
-		if err := o.step(ctx, infra.StepJoinNode); err != nil {
-			return err
-		}
-		if err := s.infra.JoinNode(ctx, o.call(m.ID), spec.KubernetesVersion); err != nil {
+		if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(m.ID), spec.KubernetesVersion) }); err != nil {
 			return err
 		}
 	}
@@ -278,22 +266,14 @@ func (o *op) removeWorkers(ctx context.Context, machines []infra.Machine, named 
 	}
 	o.expect(int32(2*len(victims)) + 1)
 	for _, m := range victims {
-		for _, st := range []struct {
-			name string
-			do   func(context.Context, infra.Call) error
-		}{
-			// No delete_node: it would hand the machine back to the free
-			// pool, where another cluster's AddNodes could take it before
-			// it is destroyed.
-			{infra.StepDrainNode, s.infra.DrainNode},
-			{infra.StepDestroyMachine, s.infra.DestroyMachine},
-		} {
-			if err := o.step(ctx, st.name); err != nil {
-				return err
-			}
-			if err := st.do(ctx, o.call(m.ID)); err != nil {
-				return err
-			}
+		// No delete_node: it would hand the machine back to the free pool,
+		// where another cluster's AddNodes could take it before it is
+		// destroyed.
+		if err := o.do(ctx, infra.StepDrainNode, func() error { return s.infra.DrainNode(ctx, o.call(m.ID)) }); err != nil {
+			return err
+		}
+		if err := o.do(ctx, infra.StepDestroyMachine, func() error { return s.infra.DestroyMachine(ctx, o.call(m.ID)) }); err != nil {
+			return err
 		}
 	}
 	return o.configureNetwork(ctx, keep)

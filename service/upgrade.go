@@ -79,24 +79,15 @@ func (s *Clusters) upgradeWork(ctx context.Context, o *op, p upgradePlan) (repos
 		if m.AttachedISO == iso {
 			continue
 		}
-		if err := o.step(ctx, infra.StepAttachISO); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := s.infra.AttachISO(ctx, o.call(m.ID), iso); err != nil {
+		if err := o.do(ctx, infra.StepAttachISO, func() error { return s.infra.AttachISO(ctx, o.call(m.ID), iso) }); err != nil {
 			return repository.Changes{}, err
 		}
 	}
 	for _, m := range todo {
-		if err := o.step(ctx, infra.StepDrainNode); err != nil {
+		if err := o.do(ctx, infra.StepDrainNode, func() error { return s.infra.DrainNode(ctx, o.call(m.ID)) }); err != nil {
 			return repository.Changes{}, err
 		}
-		if err := s.infra.DrainNode(ctx, o.call(m.ID)); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := o.step(ctx, infra.StepUpgradeNode); err != nil {
-			return repository.Changes{}, err
-		}
-		if err := s.infra.UpgradeNode(ctx, o.call(m.ID), p.Version); err != nil {
+		if err := o.do(ctx, infra.StepUpgradeNode, func() error { return s.infra.UpgradeNode(ctx, o.call(m.ID), p.Version) }); err != nil {
 			return repository.Changes{}, err
 		}
 	}

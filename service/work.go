@@ -104,6 +104,15 @@ func (o *op) step(ctx context.Context, name string) error {
 	return o.p.Step(ctx, name)
 }
 
+// do runs one infrastructure step: it records the step (progress, and the
+// runner's cancellation and recovery checks), then calls it.
+func (o *op) do(ctx context.Context, name string, call func() error) error {
+	if err := o.step(ctx, name); err != nil {
+		return err
+	}
+	return call()
+}
+
 // call identifies the operation to the infrastructure.
 func (o *op) call(machineID string) infra.Call {
 	return infra.Call{ClusterID: o.job.ResourceID, Operation: o.job.ID, MachineID: machineID}
