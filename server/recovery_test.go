@@ -1,0 +1,133 @@
+package server
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/repository"
+	"github.com/clusterd/clusterd/repository/repotest"
+)
+
+// busyScanner makes the scanner pass often, so recovery shows within a test.
+func busyScanner(c *Config) {
+	c.ScanInterval, c.ReconcileInterval = 50*time.Millisecond, 100*time.Millisecond
+}
+
+// waitState polls (bounded) until the cluster is in state and held by
+// nothing, and returns the states it went through.
+func (h *harness) waitState(t *testing.T, name string, want clv1.Cluster_State) []clv1.Cluster_State {
+	t.Helper()
+	var seen []clv1.Cluster_State
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		c, err := h.clients.clusters.GetCluster(tctx(t), &clv1.GetClusterRequest{Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(seen) == 0 || seen[len(seen)-1] != c.GetState() {
+			seen = append(seen, c.GetState())
+		}
+		if c.GetState() == want && c.GetCurrentOperation() == "" {
+			return seen
+		}
+		time.Sleep(10 * time.Millisecond) // sampling a state, not synchronising
+	}
+	t.Fatalf("%s never reached %s unheld; states seen %v", name, want, seen)
+	return nil
+}
+
+func (h *harness) historyNames(t *testing.T, name string) []string {
+	t.Helper()
+	resp, err := h.clients.clusters.ListClusterEvents(tctx(t), &clv1.ListClusterEventsRequest{Parent: name, PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range resp.GetEvents() {
+		out = append(out, e.GetEvent())
+	}
+	return out
+}
+
+func TestRecovery_CreatedClusterOfADeadServerGoesToError(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		h := start(t, b, busyScanner)
+		// A server that never heartbeat here created it and died before its
+		// create job's first step: CREATED, held by a job nobody runs.
+		c, j, err := h.seed.CreateCluster(tctx(t), repository.NewCluster{Account: "acme", DisplayName: "orphan",
+			Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
+			repository.NewJob{Kind: "create", ServerID: "ghost", ServerIncarnation: "gone", Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "clusters/" + c.ID
+		h.waitState(t, name, clv1.Cluster_ERROR)
+		if job, _ := h.seed.GetJob(tctx(t), j.ID); job.Status != repository.JobFailed {
+			t.Errorf("the dead server's create job is %s; want FAILED", job.Status)
+		}
+		hist := h.historyNames(t, name)
+		if !slices.Contains(hist, repository.RecoveryStarted) || !slices.Contains(hist, "CREATE_FAILED") {
+			t.Errorf("history %v; want RECOVERY_STARTED then CREATE_FAILED", hist)
+		}
+	})
+}
+
+func TestRecovery_ReconciliationFollowsTheMachines(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		h := start(t, b, busyScanner)
+		c := h.create(t, "web", 1)
+		nodes, err := h.clients.clusters.GetCluster(tctx(t), &clv1.GetClusterRequest{Name: c.GetName()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		worker := nodes.GetNodes()[1].GetName()
+		// A machine stops out of band: RUNNING -> ALERT.
+		if _, err := h.clients.sim.SetMachinePower(tctx(t), &clv1.SetMachinePowerRequest{Name: worker, Power: clv1.Node_STOPPED}); err != nil {
+			t.Fatal(err)
+		}
+		h.waitState(t, c.GetName(), clv1.Cluster_ALERT)
+		// It comes back: ALERT -> RECOVERING -> RUNNING.
+		if _, err := h.clients.sim.SetMachinePower(tctx(t), &clv1.SetMachinePowerRequest{Name: worker, Power: clv1.Node_RUNNING}); err != nil {
+			t.Fatal(err)
+		}
+		h.waitState(t, c.GetName(), clv1.Cluster_RUNNING)
+		hist := h.historyNames(t, c.GetName())
+		want := []string{"FAULTS_DETECTED", "RECOVERY_REQUESTED", "OPERATION_SUCCEEDED"}
+		if got := hist[len(hist)-3:]; !slices.Equal(got, want) {
+			t.Errorf("history ends %v; want %v", got, want)
+		}
+		// Every machine stops: ALERT, then STOPPING -> STOPPED by the scanner.
+		for _, n := range nodes.GetNodes() {
+			if _, err := h.clients.sim.SetMachinePower(tctx(t), &clv1.SetMachinePowerRequest{Name: n.GetName(), Power: clv1.Node_STOPPED}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.waitState(t, c.GetName(), clv1.Cluster_STOPPED)
+	})
+}
+
+func TestRecovery_FailedDestroyIsRetried(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		h := start(t, b, busyScanner)
+		c := h.create(t, "doomed", 1)
+		if _, err := h.clients.sim.InjectFault(tctx(t), &clv1.InjectFaultRequest{Fault: &clv1.Fault{
+			Step: "destroy_machine", Mode: clv1.Fault_FAIL, Cluster: c.GetName(), Count: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		op, err := h.clients.clusters.DeleteCluster(tctx(t), &clv1.DeleteClusterRequest{Name: c.GetName()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done := h.wait(t, op); done.GetError() == nil {
+			t.Fatal("the delete with a FAIL fault succeeded")
+		}
+		// DESTROYING, held by nobody: garbage collection destroys it again.
+		h.waitState(t, c.GetName(), clv1.Cluster_DESTROYED)
+		machines, err := h.clients.sim.ListMachines(tctx(t), &clv1.ListMachinesRequest{Cluster: c.GetName()})
+		if err != nil || len(machines.GetMachines()) != 0 {
+			t.Errorf("machines of the destroyed cluster = %v, %v; want none", machines.GetMachines(), err)
+		}
+	})
+}
