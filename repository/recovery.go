@@ -133,14 +133,15 @@ func (s *Store) InProgressJobsWithoutResource(ctx context.Context) ([]Job, error
 }
 
 // UnheldClusters lists up to limit clusters in the given states that no
-// operation holds, for reconciliation and garbage collection.
-func (s *Store) UnheldClusters(ctx context.Context, states []lifecycle.State, limit int) ([]Cluster, error) {
+// operation holds, after the cluster id after ("" from the start), in id
+// order, so reconciliation can walk any number of clusters a page per pass.
+func (s *Store) UnheldClusters(ctx context.Context, states []lifecycle.State, after string, limit int) ([]Cluster, error) {
 	names := make([]string, len(states))
 	for i, st := range states {
 		names[i] = st.String()
 	}
 	var rows []clusterRow
-	err := s.db.WithContext(ctx).Where("state IN ? AND current_operation = ''", names).
+	err := s.db.WithContext(ctx).Where("state IN ? AND current_operation = '' AND id > ?", names, after).
 		Order("id").Limit(limit).Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list unheld clusters: %w", classify(err))

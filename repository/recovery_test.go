@@ -128,9 +128,12 @@ func TestOrphanCandidatesAndUnheldClusters(t *testing.T) {
 		if !slices.Contains(ids, held.ID) || !slices.Contains(ids, creating.ID) || slices.Contains(ids, idle.ID) {
 			t.Errorf("orphan candidates = %v; want the held and the CREATED cluster, not the idle one", ids)
 		}
-		unheld, err := s.UnheldClusters(ctx, []lifecycle.State{lifecycle.Running, lifecycle.Scaling}, 10)
+		unheld, err := s.UnheldClusters(ctx, []lifecycle.State{lifecycle.Running, lifecycle.Scaling}, "", 10)
 		if err != nil || len(unheld) != 1 || unheld[0].ID != idle.ID {
 			t.Errorf("UnheldClusters = %v, %v; want only %s", unheld, err, idle.ID)
+		}
+		if next, err := s.UnheldClusters(ctx, []lifecycle.State{lifecycle.Running}, idle.ID, 10); err != nil || len(next) != 0 {
+			t.Errorf("UnheldClusters after the last one = %v, %v; want none", next, err)
 		}
 	})
 }

@@ -38,7 +38,7 @@ type Store interface {
 	OrphanCandidates(ctx context.Context) ([]repository.Cluster, error)
 	JobsByID(ctx context.Context, ids []string) (map[string]repository.Job, error)
 	InProgressJobsWithoutResource(ctx context.Context) ([]repository.Job, error)
-	UnheldClusters(ctx context.Context, states []lifecycle.State, limit int) ([]repository.Cluster, error)
+	UnheldClusters(ctx context.Context, states []lifecycle.State, after string, limit int) ([]repository.Cluster, error)
 	PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error)
 }
 
@@ -103,6 +103,8 @@ type Scanner struct {
 	mu            sync.Mutex
 	lastReconcile time.Time
 	destroyRetry  map[string]retry
+	// reconcileAfter is where the next reconciliation page starts.
+	reconcileAfter string
 	// suspects are this server's IN_PROGRESS jobs that the runner did not
 	// run at the last pass, with the update time seen then.
 	suspects map[string]time.Time
@@ -430,7 +432,21 @@ func (s *Scanner) destroyDue(clusterID string) bool {
 // RUNNING; ALERT with every machine stopped -> STOPPING -> STOPPED.
 func (s *Scanner) reconcile(ctx context.Context, r *Report) {
 	states := []lifecycle.State{lifecycle.Running, lifecycle.Stopped, lifecycle.Alert}
-	clusters, err := s.cfg.Store.UnheldClusters(ctx, states, reconcileLimit)
+	s.mu.Lock()
+	after := s.reconcileAfter
+	s.mu.Unlock()
+	clusters, err := s.cfg.Store.UnheldClusters(ctx, states, after, reconcileLimit)
+	if err == nil {
+		// A full page: the next pass goes on from its last cluster; a short
+		// one: the next pass starts over.
+		next := ""
+		if len(clusters) == reconcileLimit {
+			next = clusters[len(clusters)-1].ID
+		}
+		s.mu.Lock()
+		s.reconcileAfter = next
+		s.mu.Unlock()
+	}
 	if err != nil || len(clusters) == 0 {
 		if err != nil {
 			r.fail(fmt.Errorf("reconcile: %w", err))
