@@ -93,11 +93,7 @@ func (s *Store) ListJobs(ctx context.Context, q JobQuery) ([]Job, error) {
 	if err := db.Order("id").Limit(q.Limit).Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("list jobs: %w", classify(err))
 	}
-	out := make([]Job, len(rows))
-	for i := range rows {
-		out[i] = rows[i].toJob()
-	}
-	return out, nil
+	return toJobs(rows), nil
 }
 
 // Progress is where a running job is.

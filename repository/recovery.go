@@ -55,11 +55,7 @@ func (s *Store) OwnJobsInProgress(ctx context.Context, self Server) ([]Job, erro
 	if err != nil {
 		return nil, fmt.Errorf("list jobs of %s: %w", self.ID, classify(err))
 	}
-	out := make([]Job, len(rows))
-	for i := range rows {
-		out[i] = rows[i].toJob()
-	}
-	return out, nil
+	return toJobs(rows), nil
 }
 
 // FailJobUnchanged ends an IN_PROGRESS job only if it has not written since
@@ -125,11 +121,7 @@ func (s *Store) InProgressJobsWithoutResource(ctx context.Context) ([]Job, error
 	if err != nil {
 		return nil, fmt.Errorf("list jobs without resource: %w", classify(err))
 	}
-	out := make([]Job, len(rows))
-	for i := range rows {
-		out[i] = rows[i].toJob()
-	}
-	return out, nil
+	return toJobs(rows), nil
 }
 
 // UnheldClusters lists up to limit clusters in the given states that no
@@ -184,6 +176,14 @@ func (s *Store) PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int
 		return 0, fmt.Errorf("purge jobs: %w", classify(res.Error))
 	}
 	return res.RowsAffected, nil
+}
+
+func toJobs(rows []jobRow) []Job {
+	out := make([]Job, len(rows))
+	for i := range rows {
+		out[i] = rows[i].toJob()
+	}
+	return out
 }
 
 func toClusters(rows []clusterRow) ([]Cluster, error) {

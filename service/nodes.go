@@ -19,16 +19,22 @@ type nodesPlan struct {
 	Machines []string `json:"machines"`
 }
 
+// parseNodesPlan reads a non-empty list of machines/{uuid} names.
+func parseNodesPlan(field string, names []string) (nodesPlan, error) {
+	var v violations
+	if len(names) == 0 {
+		v.add(field, "name at least one machines/{uuid}")
+	}
+	plan := nodesPlan{Machines: machineIDs(&v, field, names)}
+	return plan, v.err()
+}
+
 // AddNodes adds free external machines to a cluster as workers. It claims
 // IMPORTING before anything is attached to a candidate machine (SPEC §3.7),
 // so a refused request leaves the machines untouched.
 func (s *Clusters) AddNodes(ctx context.Context, req *clv1.AddNodesRequest) (*longrunningpb.Operation, error) {
-	var v violations
-	if len(req.GetMachines()) == 0 {
-		v.add("machines", "name at least one machines/{uuid}")
-	}
-	plan := nodesPlan{Machines: machineIDs(&v, "machines", req.GetMachines())}
-	if err := v.err(); err != nil {
+	plan, err := parseNodesPlan("machines", req.GetMachines())
+	if err != nil {
 		return nil, err
 	}
 	return s.run(ctx, request{
@@ -98,12 +104,8 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 // RemoveNodes drains and removes named nodes (which become free external
 // machines) and revokes their network rules.
 func (s *Clusters) RemoveNodes(ctx context.Context, req *clv1.RemoveNodesRequest) (*longrunningpb.Operation, error) {
-	var v violations
-	if len(req.GetNodes()) == 0 {
-		v.add("nodes", "name at least one machines/{uuid}")
-	}
-	plan := nodesPlan{Machines: machineIDs(&v, "nodes", req.GetNodes())}
-	if err := v.err(); err != nil {
+	plan, err := parseNodesPlan("nodes", req.GetNodes())
+	if err != nil {
 		return nil, err
 	}
 	return s.run(ctx, request{
