@@ -33,9 +33,11 @@ type NewJob struct {
 	ServerID          string
 	ServerIncarnation string
 	RequestID         string
-	Params            string
-	StepsTotal        int32
-	Deadline          time.Time
+	// RequestHash fingerprints the request (see Job.RequestHash).
+	RequestHash string
+	Params      string
+	StepsTotal  int32
+	Deadline    time.Time
 }
 
 // Changes are the non-state fields an operation writes together with a
@@ -105,7 +107,7 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		CreateTime:         now,
 		UpdateTime:         now,
 	}
-	job := newJobRow(nj, nc.ID, now)
+	job := newJobRow(nj, nc.ID, nc.Account, now)
 	ev := eventRow{
 		ClusterID: nc.ID, Time: now, FromState: lifecycle.StateUnspecified.String(),
 		Event: ClusterCreated, ToState: lifecycle.Created.String(), Operation: nj.ID,
@@ -147,7 +149,9 @@ func (s *Store) GetCluster(ctx context.Context, id string) (Cluster, error) {
 type ClusterQuery struct {
 	// States keeps only clusters in one of these states; empty keeps all but
 	// DESTROYED ones (list DESTROYED explicitly to see them).
-	States      []lifecycle.State
+	States []lifecycle.State
+	// Account keeps only one account's clusters (a caller's scope, or a
+	// filter); empty keeps every account's.
 	Account     string
 	DisplayName string
 	// After is the id of the last cluster of the previous page.
@@ -209,7 +213,8 @@ func (s *Store) Transition(ctx context.Context, t Transition) (Cluster, error) {
 // operation (SPEC §3.2): the compare-and-set, the job row and the history
 // entry are one transaction, so no claimed cluster exists without its job,
 // and no job without its claim. t.Operation is ignored (it becomes the new
-// job's id). The job is IN_PROGRESS when Claim returns.
+// job's id); the job takes the cluster's account. The job is IN_PROGRESS
+// when Claim returns.
 func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Job, error) {
 	if nj.ID == "" {
 		nj.ID = newID()
@@ -228,7 +233,7 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 			return err
 		}
 		out = row
-		job = newJobRow(nj, t.ClusterID, row.UpdateTime)
+		job = newJobRow(nj, t.ClusterID, row.Account, row.UpdateTime)
 		if err := tx.Create(&job).Error; err != nil {
 			return fmt.Errorf("insert job: %w", classify(err))
 		}

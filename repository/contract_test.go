@@ -50,15 +50,8 @@ func running(t *testing.T, s *repository.Store, name string) repository.Cluster 
 	t.Helper()
 	ctx := ctxT(t)
 	c, j := create(t, s, name)
-	c, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StartRequested, Operation: j.ID})
-	if err != nil {
-		t.Fatalf("CREATED -> STARTING: %v", err)
-	}
-	if _, err := s.FinishJob(ctx, repository.Finish{JobID: j.ID, Status: repository.JobSucceeded,
-		Release: &repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.OperationSucceeded}}); err != nil {
-		t.Fatalf("finish create: %v", err)
-	}
-	c, err = s.GetCluster(ctx, c.ID)
+	finishRunning(t, s, c, j)
+	c, err := s.GetCluster(ctx, c.ID)
 	if err != nil || c.State != lifecycle.Running || c.CurrentOperation != "" {
 		t.Fatalf("after create: %+v, %v; want RUNNING, released", c, err)
 	}
@@ -320,11 +313,77 @@ func TestClaimFailingMidwayWritesNothing(t *testing.T) {
 		if last := evs[len(evs)-1]; last.Name == lifecycle.StopRequested.String() {
 			t.Errorf("failed claim left a history entry: %+v", last)
 		}
-		byReq, err := s.GetJobByRequestID(ctx, "req-1")
+		byReq, err := s.GetJobByRequestID(ctx, "acme", "req-1")
 		if err != nil || byReq.ID != first.ID {
 			t.Errorf("GetJobByRequestID = %v, %v; want %s", byReq.ID, err, first.ID)
 		}
 	})
+}
+
+func TestJobsBelongToTheirClustersAccount(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		spec := repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}
+		a, ja, err := s.CreateCluster(ctx, repository.NewCluster{Account: "team-a", DisplayName: "web", Spec: spec},
+			repository.NewJob{Kind: "create", ServerID: "s1", RequestID: "req-1", RequestHash: "h-a", Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Request ids are keys per account: another account may use the same one.
+		b, jb, err := s.CreateCluster(ctx, repository.NewCluster{Account: "team-b", DisplayName: "web", Spec: spec},
+			repository.NewJob{Kind: "create", ServerID: "s1", RequestID: "req-1", RequestHash: "h-b", Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatalf("second account reusing a request id: %v", err)
+		}
+		if ja.Account != "team-a" || jb.Account != "team-b" {
+			t.Errorf("create jobs' accounts = %q, %q; want team-a, team-b", ja.Account, jb.Account)
+		}
+		for _, tc := range []struct{ account, want, hash string }{{"team-a", ja.ID, "h-a"}, {"team-b", jb.ID, "h-b"}} {
+			j, err := s.GetJobByRequestID(ctx, tc.account, "req-1")
+			if err != nil || j.ID != tc.want || j.RequestHash != tc.hash {
+				t.Errorf("GetJobByRequestID(%s) = %s %q, %v; want %s %q", tc.account, j.ID, j.RequestHash, err, tc.want, tc.hash)
+			}
+		}
+		if _, err := s.GetJobByRequestID(ctx, "team-c", "req-1"); !errors.Is(err, repository.ErrNotFound) {
+			t.Errorf("GetJobByRequestID of an account that never used the id: %v; want ErrNotFound", err)
+		}
+		// A claim's job takes the account of the cluster it claims.
+		finishRunning(t, s, a, ja)
+		a, _ = s.GetCluster(ctx, a.ID)
+		_, stop, err := s.Claim(ctx, repository.Transition{ClusterID: a.ID, Expect: a.Expect(), Event: lifecycle.StopRequested},
+			repository.NewJob{Kind: "stop", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stop.Account != "team-a" {
+			t.Errorf("claim job account = %q; want team-a", stop.Account)
+		}
+		jobs, err := s.ListJobs(ctx, repository.JobQuery{Account: "team-a", Limit: 10})
+		if err != nil || len(jobs) != 2 || jobs[0].ID != ja.ID || jobs[1].ID != stop.ID {
+			t.Errorf("ListJobs(team-a) = %d jobs, %v; want the create and the stop", len(jobs), err)
+		}
+		if jobs, _ := s.ListJobs(ctx, repository.JobQuery{Account: "team-b", Limit: 10}); len(jobs) != 1 || jobs[0].ID != jb.ID {
+			t.Errorf("ListJobs(team-b) = %v; want only %s", jobs, jb.ID)
+		}
+		cs, err := s.ListClusters(ctx, repository.ClusterQuery{Account: "team-b", Limit: 10})
+		if err != nil || len(cs) != 1 || cs[0].ID != b.ID {
+			t.Errorf("ListClusters(team-b) = %v, %v; want only %s", cs, err, b.ID)
+		}
+	})
+}
+
+// finishRunning ends a create job with the cluster RUNNING.
+func finishRunning(t *testing.T, s *repository.Store, c repository.Cluster, j repository.Job) {
+	t.Helper()
+	ctx := ctxT(t)
+	c, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StartRequested, Operation: j.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.FinishJob(ctx, repository.Finish{JobID: j.ID, Status: repository.JobSucceeded,
+		Release: &repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.OperationSucceeded}}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestInPlaceClaimKeepsStateButHolds(t *testing.T) {

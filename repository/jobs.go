@@ -14,15 +14,17 @@ import (
 // own row was written.
 var ErrNotHeld = errors.New("operation no longer holds the cluster")
 
-func newJobRow(nj NewJob, clusterID string, now time.Time) jobRow {
+func newJobRow(nj NewJob, clusterID, account string, now time.Time) jobRow {
 	return jobRow{
 		ID:                nj.ID,
 		Kind:              nj.Kind,
+		Account:           account,
 		ResourceID:        nullable(clusterID),
 		ServerID:          nj.ServerID,
 		ServerIncarnation: nj.ServerIncarnation,
 		Status:            string(JobInProgress),
 		RequestID:         nullable(nj.RequestID),
+		RequestHash:       nj.RequestHash,
 		Params:            nj.Params,
 		StepsTotal:        nj.StepsTotal,
 		Deadline:          nj.Deadline.UTC().Truncate(time.Microsecond),
@@ -44,13 +46,14 @@ func (s *Store) GetJob(ctx context.Context, id string) (Job, error) {
 	return row.toJob(), nil
 }
 
-// GetJobByRequestID finds the job a request id (AIP-155) created, so a retried
-// request returns the same operation.
-func (s *Store) GetJobByRequestID(ctx context.Context, requestID string) (Job, error) {
+// GetJobByRequestID finds the job a request id (AIP-155) of an account
+// created, so a retried request returns the same operation. Request ids are
+// keys per account: another account's use of the same id is not found.
+func (s *Store) GetJobByRequestID(ctx context.Context, account, requestID string) (Job, error) {
 	var row jobRow
-	err := s.db.WithContext(ctx).Where("request_id = ?", requestID).Take(&row).Error
+	err := s.db.WithContext(ctx).Where("account = ? AND request_id = ?", account, requestID).Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return Job{}, fmt.Errorf("job with request id %q: %w", requestID, ErrNotFound)
+		return Job{}, fmt.Errorf("job with request id %q in account %q: %w", requestID, account, ErrNotFound)
 	}
 	if err != nil {
 		return Job{}, fmt.Errorf("get job by request id %q: %w", requestID, classify(err))
@@ -60,6 +63,9 @@ func (s *Store) GetJobByRequestID(ctx context.Context, requestID string) (Job, e
 
 // JobQuery selects a page of jobs in creation order.
 type JobQuery struct {
+	// Account keeps only one account's jobs (a caller's scope); empty keeps
+	// every account's.
+	Account string
 	// ResourceID keeps only one cluster's jobs.
 	ResourceID string
 	// Done keeps only finished (true) or running (false) jobs.
@@ -76,6 +82,9 @@ func (s *Store) ListJobs(ctx context.Context, q JobQuery) ([]Job, error) {
 		return nil, fmt.Errorf("list jobs: limit %d must be positive", q.Limit)
 	}
 	db := s.db.WithContext(ctx).Model(&jobRow{})
+	if q.Account != "" {
+		db = db.Where("account = ?", q.Account)
+	}
 	if q.ResourceID != "" {
 		db = db.Where("resource_id = ?", q.ResourceID)
 	}

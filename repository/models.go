@@ -66,14 +66,22 @@ func (s JobStatus) Done() bool { return s != JobInProgress }
 type Job struct {
 	ID   string
 	Kind string
+	// Account is the account of the cluster the job acts on; who may see
+	// the operation. Empty only in rows of jobs without a cluster.
+	Account string
 	// ResourceID is the cluster the job acts on; empty in rows written by
 	// servers that predate the column (SPEC §4, mixed versions).
 	ResourceID        string
 	ServerID          string
 	ServerIncarnation string
 	Status            JobStatus
-	// RequestID is the client's idempotency key (AIP-155), empty if none.
+	// RequestID is the client's idempotency key (AIP-155), empty if none;
+	// unique per account.
 	RequestID string
+	// RequestHash fingerprints the request that started the job, so a
+	// request id sent again with other parameters is refused, not replayed.
+	// Empty in rows written before it existed.
+	RequestHash string
 	// Params, Result and Error are opaque to the repository (JSON written by
 	// the service).
 	Params          string
@@ -145,11 +153,13 @@ func (clusterRow) TableName() string { return "clusters" }
 type jobRow struct {
 	ID                string `gorm:"primaryKey"`
 	Kind              string
+	Account           string
 	ResourceID        *string
 	ServerID          string
 	ServerIncarnation string
 	Status            string
 	RequestID         *string
+	RequestHash       string
 	Params            string
 	Result            string
 	Error             string
@@ -223,11 +233,13 @@ func (r *jobRow) toJob() Job {
 	return Job{
 		ID:                r.ID,
 		Kind:              r.Kind,
+		Account:           r.Account,
 		ResourceID:        deref(r.ResourceID),
 		ServerID:          r.ServerID,
 		ServerIncarnation: r.ServerIncarnation,
 		Status:            JobStatus(r.Status),
 		RequestID:         deref(r.RequestID),
+		RequestHash:       r.RequestHash,
 		Params:            r.Params,
 		Result:            r.Result,
 		Error:             r.Error,

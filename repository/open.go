@@ -9,7 +9,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -72,6 +75,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		path := strings.TrimPrefix(dsn, "sqlite:")
 		if path == "" {
 			return nil, fmt.Errorf("open database: empty sqlite path in %q", dsn)
+		}
+		if err := sqliteFolderExists(path); err != nil {
+			return nil, fmt.Errorf("open database: %w", err)
 		}
 		s.backend = SQLite
 		dialector = sqlite.Open(sqliteDSN(path))
@@ -150,6 +156,11 @@ func sqliteDSN(path string) string {
 func mysqlDSN(dsn string) (string, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
+		// url.Error repeats the whole DSN, password included: keep only its cause.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
 		return "", fmt.Errorf("parse mysql DSN %q: %w", redact(dsn), err)
 	}
 	cfg := mysql.NewConfig()
@@ -196,16 +207,47 @@ func mysqlDSN(dsn string) (string, error) {
 	return cfg.FormatDSN(), nil
 }
 
-// redact hides a password in a DSN before it reaches a message.
+// redact hides a password in a DSN before it reaches a message. A DSN that
+// does not even parse loses everything between its scheme and its last '@'.
 func redact(dsn string) string {
 	u, err := url.Parse(dsn)
-	if err != nil || u.User == nil {
+	if err != nil {
+		scheme, rest, ok := strings.Cut(dsn, "://")
+		if at := strings.LastIndex(rest, "@"); ok && at >= 0 {
+			return scheme + "://xxxxx@" + rest[at+1:]
+		}
+		if ok {
+			return scheme + "://xxxxx"
+		}
+		return "xxxxx"
+	}
+	if u.User == nil {
 		return dsn
 	}
 	if _, ok := u.User.Password(); ok {
 		u.User = url.UserPassword(u.User.Username(), "xxxxx")
 	}
 	return u.String()
+}
+
+// sqliteFolderExists says plainly that the folder of a SQLite database file
+// is missing (the driver would only say it cannot open the file).
+func sqliteFolderExists(path string) error {
+	file, _, _ := strings.Cut(path, "?")
+	if file == ":memory:" || strings.HasPrefix(file, "file:") {
+		return nil
+	}
+	dir := filepath.Dir(file)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("the folder %s of the SQLite database %s does not exist; create it first", dir, file)
+	case err != nil:
+		return fmt.Errorf("the folder of the SQLite database %s: %w", file, err)
+	case !st.IsDir():
+		return fmt.Errorf("%s, the folder of the SQLite database %s, is not a folder", dir, file)
+	}
+	return nil
 }
 
 // isSQLiteUnique recognises a UNIQUE or PRIMARY KEY violation from the pure-Go

@@ -17,9 +17,11 @@ import (
 
 // interceptors returns the one chain every RPC goes through, gRPC and REST
 // alike (the gateway is a client of this server): logging outermost so it
-// sees the final status, then error mapping, then panic recovery innermost so
-// a panic becomes an INTERNAL status that is mapped and logged like any error.
-func interceptors(log *slog.Logger) []grpc.ServerOption {
+// sees the final status, then error mapping, then authentication (and the
+// refusal of undecodable requests), then panic recovery innermost so a panic
+// becomes an INTERNAL status that is mapped and logged like any error.
+func (s *Server) interceptors() []grpc.ServerOption {
+	log := s.log
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
@@ -32,11 +34,13 @@ func interceptors(log *slog.Logger) []grpc.ServerOption {
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logger, logOpts...),
 			unaryErrors(log),
+			s.unaryAuth(),
 			recovery.UnaryServerInterceptor(recover),
 		),
 		grpc.ChainStreamInterceptor(
 			logging.StreamServerInterceptor(logger, logOpts...),
 			streamErrors(log),
+			s.streamAuth(),
 			recovery.StreamServerInterceptor(recover),
 		),
 	}

@@ -6,19 +6,18 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
+	"os"
 	"sync"
 	"time"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
-	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -27,9 +26,8 @@ import (
 	// grpcurl -format-error can print error details.
 	_ "google.golang.org/genproto/googleapis/rpc/errdetails"
 
+	"github.com/clusterd/clusterd/auth"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
-	opsgw "github.com/clusterd/clusterd/gen/gateway/longrunningpb"
-	"github.com/clusterd/clusterd/gen/openapiv2"
 	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/runner"
@@ -69,12 +67,28 @@ type Config struct {
 	HealthInterval time.Duration
 	// ShutdownTimeout bounds graceful shutdown before connections are cut (default 15s).
 	ShutdownTimeout time.Duration
+	// AuthTokens is the --auth-tokens file: one identity a line,
+	// `sha256:<hex> <account> <user|admin>`.
+	AuthTokens string
+	// TLSCert and TLSKey serve gRPC and REST over TLS; TLSClientCA turns on
+	// mutual TLS, where a verified client certificate is an identity. With
+	// neither tokens nor client certificates the server runs in development
+	// mode, which it allows on loopback addresses only.
+	TLSCert     string
+	TLSKey      string
+	TLSClientCA string
+	// Reload, when it delivers, makes the server read the token file and
+	// the TLS key pair again (main sends SIGHUP here); connections stay up.
+	Reload <-chan os.Signal
 }
 
 // Server is a running clusterd process; tests use it to learn bound addresses.
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
+	auth    *auth.Authenticator
+	certs   *certificates
+	codec   *requestCodec
 	store   *repository.Store
 	self    repository.Server
 	runner  *runner.Runner
@@ -86,6 +100,8 @@ type Server struct {
 	conn    *grpc.ClientConn
 	grpcLis net.Listener
 	httpLis net.Listener
+	// gatewayLis is the in-process listener the REST gateway calls through.
+	gatewayLis gatewayListener
 }
 
 // Run starts clusterd and blocks until ctx is cancelled (SIGTERM in main),
@@ -106,8 +122,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, codec: newRequestCodec(), gatewayLis: newGatewayListener()}
 	var err error
+	if s.certs, err = newCertificates(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA); err != nil {
+		return nil, err
+	}
+	if s.auth, err = auth.New(auth.Config{TokensFile: cfg.AuthTokens, ClientCertificates: s.certs != nil && s.certs.clientCAs != nil}); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
 	if s.store, err = repository.Open(ctx, cfg.Database, repository.WithServerID(cfg.ServerID)); err != nil {
 		return nil, err
 	}
@@ -124,6 +146,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		_ = s.grpcLis.Close()
 		cleanup()
 		return nil, fmt.Errorf("listen for HTTP on %s: %w", cfg.HTTPAddr, err)
+	}
+	if s.auth.DevMode() {
+		if err := loopbackOnly(s.grpcLis, s.httpLis); err != nil {
+			_ = s.grpcLis.Close()
+			_ = s.httpLis.Close()
+			cleanup()
+			return nil, err
+		}
 	}
 
 	// The scanner holds this server's lease (its heartbeat); the runner and
@@ -143,7 +173,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})
 
-	s.grpc = grpc.NewServer(interceptors(s.log)...)
+	s.grpc = grpc.NewServer(append(s.interceptors(),
+		grpc.Creds(newTransportCredentials(s.certs)),
+		grpc.ForceServerCodecV2(s.codec),
+		grpc.MaxRecvMsgSize(maxGRPCMessage))...)
 	clv1.RegisterClusterLifecycleServer(s.grpc, clusters)
 	longrunningpb.RegisterOperationsServer(s.grpc, ops)
 	clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))
@@ -158,48 +191,51 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.log.Info("clusterd ready", "server_id", cfg.ServerID, "incarnation", s.self.Incarnation,
-		"database", string(s.store.Backend()), "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "infra", cfg.Infra)
+		"database", string(s.store.Backend()), "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "infra", cfg.Infra,
+		"identities", s.identities(), "tls", s.certs != nil)
 	return s, nil
 }
 
-// gateway builds the REST gateway as a gRPC client of this server, so REST
-// requests go through the same interceptors as gRPC ones.
-func (s *Server) gateway(ctx context.Context) error {
-	conn, err := grpc.NewClient(s.grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return fmt.Errorf("gateway connection: %w", err)
+// maxGRPCMessage bounds a gRPC request; the largest valid one is a few
+// kilobytes.
+const maxGRPCMessage = 256 << 10
+
+// identities says, for the log, which identities the server accepts.
+func (s *Server) identities() string {
+	switch {
+	case s.auth.DevMode():
+		return "development mode (x-clusterd-account header, loopback only)"
+	case s.cfg.AuthTokens != "" && s.certs != nil && s.certs.clientCAs != nil:
+		return "bearer tokens and client certificates"
+	case s.cfg.AuthTokens != "":
+		return "bearer tokens"
 	}
-	s.conn = conn
-	mux := runtime.NewServeMux(
-		runtime.WithHealthzEndpoint(healthpb.NewHealthClient(conn)),
-		// The account header reaches the handlers as gRPC metadata.
-		runtime.WithIncomingHeaderMatcher(func(key string) (string, bool) {
-			if strings.EqualFold(key, service.AccountHeader) {
-				return service.AccountHeader, true
-			}
-			return runtime.DefaultHeaderMatcher(key)
-		}),
-		// GET /v1/operations lists; without this, operations/** would also
-		// match it with zero segments and route it to GetOperation.
-		runtime.WithStrictDeepWildcardMatching(),
-	)
-	if err := clv1.RegisterClusterLifecycleHandler(ctx, mux, conn); err != nil {
-		return fmt.Errorf("gateway ClusterLifecycle: %w", err)
+	return "client certificates"
+}
+
+// tlsConfig is the HTTP listener's TLS configuration, nil without TLS.
+func (s *Server) tlsConfig() *tls.Config {
+	if s.certs == nil {
+		return nil
 	}
-	if err := opsgw.RegisterOperationsHandler(ctx, mux, conn); err != nil {
-		return fmt.Errorf("gateway Operations: %w", err)
+	return s.certs.config()
+}
+
+// reload reads the token file and the TLS key pair again; what fails to
+// load leaves the previous one in force.
+func (s *Server) reload() {
+	if n, err := s.auth.Reload(); err != nil {
+		s.log.Error("reload: auth tokens kept as they were", "error", err)
+	} else if s.cfg.AuthTokens != "" {
+		s.log.Info("reload: auth tokens loaded", "identities", n)
 	}
-	if err := clv1.RegisterSimulatorHandler(ctx, mux, conn); err != nil {
-		return fmt.Errorf("gateway Simulator: %w", err)
+	if s.certs != nil {
+		if err := s.certs.reload(); err != nil {
+			s.log.Error("reload: TLS key pair kept as it was", "error", err)
+		} else {
+			s.log.Info("reload: TLS key pair loaded", "cert", s.cfg.TLSCert)
+		}
 	}
-	root := http.NewServeMux()
-	root.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(openapiv2.JSON)
-	})
-	root.Handle("/", mux)
-	s.http = &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
-	return nil
 }
 
 // GRPCAddr is the address the gRPC server listens on.
@@ -213,8 +249,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	wg.Add(4)
+	errs := make(chan error, 3)
+	wg.Add(6)
 	go func() {
 		defer wg.Done()
 		s.scanner.Run(ctx)
@@ -227,8 +263,29 @@ func (s *Server) Serve(ctx context.Context) error {
 	}()
 	go func() {
 		defer wg.Done()
-		if err := s.http.Serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.grpc.Serve(s.gatewayLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			errs <- fmt.Errorf("gRPC server for the gateway: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		serve := s.http.Serve
+		if s.certs != nil {
+			serve = func(l net.Listener) error { return s.http.ServeTLS(l, "", "") }
+		}
+		if err := serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs <- fmt.Errorf("HTTP server: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.cfg.Reload:
+				s.reload()
+			}
 		}
 	}()
 	go func() {

@@ -16,6 +16,7 @@ import (
 	vmetadata "google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/clusterd/clusterd/auth"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/repository/repotest"
 	"github.com/clusterd/clusterd/service"
@@ -153,7 +154,7 @@ func vCreateReq(mod func(c *clv1.Cluster)) *clv1.CreateClusterRequest {
 }
 
 func vAsAccount(ctx context.Context, account string) context.Context {
-	return vmetadata.AppendToOutgoingContext(ctx, service.AccountHeader, account)
+	return vmetadata.AppendToOutgoingContext(ctx, auth.AccountHeader, account)
 }
 
 func TestValidation_CreateCluster(t *testing.T) {
@@ -214,10 +215,10 @@ func TestValidation_CreateCluster(t *testing.T) {
 			}, []string{"request_id"}},
 			{"account header with upper case", func(ctx context.Context) (*longrunningpb.Operation, error) {
 				return h.clients.clusters.CreateCluster(vAsAccount(ctx, "Team_B"), vCreateReq(nil))
-			}, []string{service.AccountHeader}},
+			}, []string{auth.AccountHeader}},
 			{"account header of 64 characters", func(ctx context.Context) (*longrunningpb.Operation, error) {
 				return h.clients.clusters.CreateCluster(vAsAccount(ctx, strings.Repeat("b", 64)), vCreateReq(nil))
-			}, []string{service.AccountHeader}},
+			}, []string{auth.AccountHeader}},
 		})
 		// The base request of every case is valid: only its change is refused.
 		op, err := h.clients.clusters.CreateCluster(tctx(t), vCreateReq(func(c *clv1.Cluster) { c.DisplayName = "valid" }))
@@ -230,8 +231,8 @@ func TestValidation_DisplayNameUniquePerAccount(t *testing.T) {
 		h := start(t, b)
 		ctx := tctx(t)
 		first := h.create(t, "web", 1)
-		if first.GetAccount() != service.DefaultAccount {
-			t.Errorf("cluster created without the account header is in account %q; want %q", first.GetAccount(), service.DefaultAccount)
+		if first.GetAccount() != auth.DefaultAccount {
+			t.Errorf("cluster created without the account header is in account %q; want %q", first.GetAccount(), auth.DefaultAccount)
 		}
 		before := vSnapshot(t, h)
 		_, err := h.clients.clusters.CreateCluster(ctx, vCreateReq(nil))

@@ -8,6 +8,7 @@ import (
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"github.com/google/uuid"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
@@ -43,7 +44,7 @@ type EtagMismatchError struct {
 
 // Error says which etag is current.
 func (e *EtagMismatchError) Error() string {
-	return fmt.Sprintf("cluster %s has changed since etag %q (current etag %q); read it again and retry", e.Cluster, e.Sent, e.Current)
+	return fmt.Sprintf("cluster %s has changed since etag %q (current etag %q); read it again and retry", e.Cluster, Clip(e.Sent), e.Current)
 }
 
 // RequestIDReusedError refuses a request_id that an earlier, different
@@ -61,6 +62,9 @@ func (e *RequestIDReusedError) Error() string {
 // request is one mutating RPC on an existing cluster, reduced to what the
 // shared claim path needs.
 type request struct {
+	// msg is the RPC's request, fingerprinted so that a request_id sent
+	// again with other parameters is refused (AIP-155).
+	msg       proto.Message
 	name      string // clusters/{uuid}
 	requestID string
 	etag      string
@@ -80,36 +84,47 @@ type request struct {
 	work workFunc
 }
 
-// validateRequestID checks an AIP-155 request id: empty or a UUID.
-func validateRequestID(id string) error {
-	if id == "" {
-		return nil
-	}
-	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
-		return invalid("request_id", "must be a UUID, got %q", id)
-	}
-	return nil
+// idempotency is what identifies one client request across retries
+// (AIP-155): its request id, unique within the account of the cluster it
+// acts on, and the fingerprint of its parameters. The zero value (no
+// request id) makes every request new.
+type idempotency struct {
+	account   string
+	requestID string
+	hash      string
 }
 
 // replay returns the operation an earlier request with the same request_id
 // started, so a retried request never starts a second job. found is false
-// when the id is new.
-func (s *Clusters) replay(ctx context.Context, requestID, verb, clusterID string) (*longrunningpb.Operation, bool, error) {
-	if requestID == "" {
+// when the id is new; the id used by a different request is refused.
+func (s *Clusters) replay(ctx context.Context, key idempotency, verb, clusterID string) (*longrunningpb.Operation, bool, error) {
+	if key.requestID == "" {
 		return nil, false, nil
 	}
-	j, err := s.store.GetJobByRequestID(ctx, requestID)
+	j, err := s.store.GetJobByRequestID(ctx, key.account, key.requestID)
 	if errors.Is(err, repository.ErrNotFound) {
 		return nil, false, nil
 	}
 	if err != nil {
 		return nil, false, err
 	}
-	if j.Kind != verb || (clusterID != "" && j.ResourceID != clusterID) {
-		return nil, true, &RequestIDReusedError{RequestID: requestID, Operation: operationName(j.ID)}
+	if j.Kind != verb || (clusterID != "" && j.ResourceID != clusterID) || (j.RequestHash != "" && j.RequestHash != key.hash) {
+		return nil, true, &RequestIDReusedError{RequestID: key.requestID, Operation: operationName(j.ID)}
 	}
 	op, err := toOperation(j)
 	return op, true, err
+}
+
+// maxEtagLen bounds an etag; the ones this service issues are version
+// numbers. Any shorter etag that is not current is a mismatch (ABORTED).
+const maxEtagLen = 64
+
+// checkEtag refuses an etag longer than any this service issues.
+func checkEtag(e string) error {
+	if len(e) > maxEtagLen {
+		return invalid("etag", "must be at most %d bytes, got %d", maxEtagLen, len(e))
+	}
+	return nil
 }
 
 // admit applies SPEC §3.3 to a cluster as read: a stale etag, then another
@@ -130,39 +145,52 @@ func admit(c repository.Cluster, etagSent string, ev lifecycle.Event) error {
 }
 
 // run is the shared path of every mutating RPC on an existing cluster:
-// validate the name and request id, replay a retried request, read the
-// cluster, refuse per SPEC §3.3, claim (CAS + job row in one transaction),
-// and only then start the work. A refused request changes nothing.
+// validate the name, request id and etag, read the cluster (NOT_FOUND if the
+// caller may not see it), replay a retried request, refuse per SPEC §3.3,
+// claim (CAS + job row in one transaction), and only then start the work. A
+// refused request changes nothing.
 func (s *Clusters) run(ctx context.Context, r request) (*longrunningpb.Operation, error) {
+	who, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
 	id, err := parseName("name", r.name, clusterPrefix)
 	if err != nil {
 		return nil, err
 	}
-	if err := validateRequestID(r.requestID); err != nil {
+	requestID, err := canonicalRequestID(r.requestID)
+	if err != nil {
 		return nil, err
 	}
-	if op, found, err := s.replay(ctx, r.requestID, r.verb, id); found || err != nil {
+	if err := checkEtag(r.etag); err != nil {
+		return nil, err
+	}
+	c, err := s.store.GetCluster(ctx, id)
+	if err != nil {
+		return nil, notFound(err, r.name)
+	}
+	if err := visible(who, c.Account, r.name); err != nil {
+		return nil, err
+	}
+	key := idempotency{account: c.Account, requestID: requestID, hash: requestHash(r.msg)}
+	if op, found, err := s.replay(ctx, key, r.verb, id); found || err != nil {
 		return op, err
 	}
-	op, err := s.admitAndClaim(ctx, id, r)
-	if err != nil && r.requestID != "" {
+	op, err := s.admitAndClaim(ctx, c, key, r)
+	if err != nil && key.requestID != "" {
 		// A copy of this request (same request_id) may have claimed the
 		// cluster since the lookup above, and its claim refused this one:
 		// answer with its operation, as AIP-155 asks.
-		if op, found, rerr := s.replay(ctx, r.requestID, r.verb, id); found || rerr != nil {
+		if op, found, rerr := s.replay(ctx, key, r.verb, id); found || rerr != nil {
 			return op, rerr
 		}
 	}
 	return op, err
 }
 
-// admitAndClaim reads the cluster, refuses per SPEC §3.3, checks the request
-// against the cluster, then claims it and starts the work.
-func (s *Clusters) admitAndClaim(ctx context.Context, id string, r request) (*longrunningpb.Operation, error) {
-	c, err := s.store.GetCluster(ctx, id)
-	if err != nil {
-		return nil, notFound(err, r.name)
-	}
+// admitAndClaim refuses per SPEC §3.3, checks the request against the
+// cluster as read, then claims it and starts the work.
+func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key idempotency, r request) (*longrunningpb.Operation, error) {
 	ev := r.event
 	if r.eventFor != nil {
 		ev = r.eventFor(c)
@@ -176,13 +204,13 @@ func (s *Clusters) admitAndClaim(ctx context.Context, id string, r request) (*lo
 		}
 	}
 	return s.claim(ctx, repository.Transition{
-		ClusterID: id, Expect: c.Expect(), Event: ev, Message: fmt.Sprintf("%s requested", r.verb),
-	}, r.verb, r.requestID, r.params, r.work)
+		ClusterID: c.ID, Expect: c.Expect(), Event: ev, Message: fmt.Sprintf("%s requested", r.verb),
+	}, r.verb, key, r.params, r.work)
 }
 
 // claim writes the claim (the CAS, the job row and the history entry in one
 // transaction) and only then starts the work.
-func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb, requestID string, params any, work workFunc) (*longrunningpb.Operation, error) {
+func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb string, key idempotency, params any, work workFunc) (*longrunningpb.Operation, error) {
 	if err := s.mayClaim(); err != nil {
 		return nil, err
 	}
@@ -190,7 +218,7 @@ func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb, req
 	if err != nil {
 		return nil, fmt.Errorf("encode %s parameters: %w", verb, err)
 	}
-	nj := s.newJob(verb, requestID, string(raw))
+	nj := s.newJob(verb, key, string(raw))
 	defer s.runner.Reserve(nj.ID)()
 	_, job, err := s.store.Claim(ctx, t, nj)
 	if err != nil {
@@ -215,7 +243,7 @@ func (s *Clusters) mayClaim() error {
 var errNoLease = errors.New("this server cannot reach the database reliably and takes no new work")
 
 // newJob describes the job a claim inserts.
-func (s *Clusters) newJob(verb, requestID, params string) repository.NewJob {
+func (s *Clusters) newJob(verb string, key idempotency, params string) repository.NewJob {
 	return repository.NewJob{
 		// A UUIDv7 (ids sort by creation), chosen here so that the runner
 		// can reserve it before the claim commits.
@@ -223,7 +251,8 @@ func (s *Clusters) newJob(verb, requestID, params string) repository.NewJob {
 		Kind:              verb,
 		ServerID:          s.serverID,
 		ServerIncarnation: s.incarnation,
-		RequestID:         requestID,
+		RequestID:         key.requestID,
+		RequestHash:       key.hash,
 		Params:            params,
 		Deadline:          s.now().Add(s.deadlines.For(verb)),
 	}

@@ -34,10 +34,10 @@ func parseName(field, name, prefix string) (string, error) {
 	}
 	id, ok := strings.CutPrefix(name, prefix)
 	if !ok {
-		return "", invalid(field, "%q is not a %s{uuid} name", name, prefix)
+		return "", invalid(field, "%q is not a %s{uuid} name", Clip(name), prefix)
 	}
 	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
-		return "", invalid(field, "%q does not end in a UUID", name)
+		return "", invalid(field, "%q does not end in a UUID", Clip(name))
 	}
 	return strings.ToLower(id), nil
 }

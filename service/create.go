@@ -19,22 +19,27 @@ import (
 // still being created is refused with OPERATION_IN_PROGRESS; the job's first
 // step claims STARTING.
 func (s *Clusters) CreateCluster(ctx context.Context, req *clv1.CreateClusterRequest) (*longrunningpb.Operation, error) {
-	nc, err := s.validateCreate(ctx, req)
+	who, err := caller(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if op, found, err := s.replay(ctx, req.GetRequestId(), VerbCreate, ""); found || err != nil {
+	nc, requestID, err := s.validateCreate(req, who.Account)
+	if err != nil {
+		return nil, err
+	}
+	key := idempotency{account: nc.Account, requestID: requestID, hash: requestHash(req)}
+	if op, found, err := s.replay(ctx, key, VerbCreate, ""); found || err != nil {
 		return op, err
 	}
 	if err := s.mayClaim(); err != nil {
 		return nil, err
 	}
 	params, _ := json.Marshal(nc.Spec)
-	nj := s.newJob(VerbCreate, req.GetRequestId(), string(params))
+	nj := s.newJob(VerbCreate, key, string(params))
 	defer s.runner.Reserve(nj.ID)()
 	c, job, err := s.store.CreateCluster(ctx, nc, nj)
 	if errors.Is(err, repository.ErrAlreadyExists) {
-		if op, found, rerr := s.replay(ctx, req.GetRequestId(), VerbCreate, ""); found || rerr != nil {
+		if op, found, rerr := s.replay(ctx, key, VerbCreate, ""); found || rerr != nil {
 			return op, rerr
 		}
 		return nil, &AlreadyExistsError{What: fmt.Sprintf("a cluster named %q in account %q", nc.DisplayName, nc.Account)}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/clusterd/clusterd/auth"
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 )
@@ -32,7 +33,24 @@ const (
 	ReasonInternal               = "INTERNAL"
 	ReasonShuttingDown           = "SHUTTING_DOWN"
 	ReasonServerUnavailable      = "SERVER_UNAVAILABLE"
+	// ReasonCredentialsMissing: no token or client certificate
+	// (UNAUTHENTICATED); ReasonCredentialsInvalid: an unknown or malformed
+	// one; ReasonAdminRequired: a user called an admin-only service
+	// (PERMISSION_DENIED).
+	ReasonCredentialsMissing = "CREDENTIALS_MISSING"
+	ReasonCredentialsInvalid = "CREDENTIALS_INVALID"
+	ReasonAdminRequired      = "ADMIN_REQUIRED"
+	// ReasonMethodNotAllowed and ReasonRequestTooLarge are the REST
+	// gateway's own refusals (HTTP 405 and 413).
+	ReasonMethodNotAllowed = "METHOD_NOT_ALLOWED"
+	ReasonRequestTooLarge  = "REQUEST_TOO_LARGE"
 )
+
+// StatusWithReason builds a status for a refusal the server makes outside
+// any handler (the REST gateway's routing), with its ErrorInfo.
+func StatusWithReason(c codes.Code, msg, reason string) *status.Status {
+	return build(c, msg, reason, nil)
+}
 
 // FieldViolation names one invalid request field, in the request's own
 // field path (e.g. "cluster.display_name").
@@ -141,8 +159,17 @@ func Status(err error) *status.Status {
 		reused     *RequestIDReusedError
 		exists     *AlreadyExistsError
 		conflict   *repository.ConflictError
+		header     *auth.HeaderError
 	)
 	switch {
+	case errors.Is(err, auth.ErrNoCredentials):
+		return build(codes.Unauthenticated, err.Error(), ReasonCredentialsMissing, nil)
+	case errors.Is(err, auth.ErrBadCredentials):
+		return build(codes.Unauthenticated, err.Error(), ReasonCredentialsInvalid, nil)
+	case errors.Is(err, auth.ErrAdminOnly):
+		return build(codes.PermissionDenied, err.Error(), ReasonAdminRequired, nil)
+	case errors.As(err, &header):
+		return Status(&InvalidArgumentError{Violations: []FieldViolation{{Field: header.Header, Description: header.Detail}}})
 	case errors.As(err, &inval):
 		br := &errdetails.BadRequest{}
 		for _, v := range inval.Violations {

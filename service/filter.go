@@ -17,6 +17,9 @@ type term struct {
 // INVALID_ARGUMENT naming the filter field, so a client never gets a silently
 // unfiltered list.
 func parseFilter(field, filter string, allowed ...string) ([]term, error) {
+	if len(filter) > maxFilterLen {
+		return nil, invalid(field, "must be at most %d bytes, got %d", maxFilterLen, len(filter))
+	}
 	filter = strings.TrimSpace(filter)
 	if filter == "" {
 		return nil, nil
@@ -25,24 +28,24 @@ func parseFilter(field, filter string, allowed ...string) ([]term, error) {
 	for _, part := range splitAnd(filter) {
 		name, value, ok := strings.Cut(part, "=")
 		if !ok || strings.ContainsAny(name, "!<>:") {
-			return nil, invalid(field, "unsupported condition %q: use `field = value` joined by AND", part)
+			return nil, invalid(field, "unsupported condition %q: use `field = value` joined by AND", Clip(part))
 		}
 		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
 		if strings.HasPrefix(value, `"`) {
 			unq, err := strconv.Unquote(value)
 			if err != nil {
-				return nil, invalid(field, "bad quoted value in %q", part)
+				return nil, invalid(field, "bad quoted value in %q", Clip(part))
 			}
 			value = unq
 		} else if value == "" || strings.ContainsAny(value, " \t\"=") {
-			return nil, invalid(field, "bad value in %q", part)
+			return nil, invalid(field, "bad value in %q", Clip(part))
 		}
 		known := false
 		for _, a := range allowed {
 			known = known || a == name
 		}
 		if !known {
-			return nil, invalid(field, "unknown field %q (supported: %s)", name, strings.Join(allowed, ", "))
+			return nil, invalid(field, "unknown field %q (supported: %s)", Clip(name), strings.Join(allowed, ", "))
 		}
 		terms = append(terms, term{Field: name, Value: value})
 	}

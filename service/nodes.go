@@ -19,11 +19,15 @@ type nodesPlan struct {
 	Machines []string `json:"machines"`
 }
 
-// parseNodesPlan reads a non-empty list of machines/{uuid} names.
-func parseNodesPlan(field string, names []string) (nodesPlan, error) {
+// parseNodesPlan reads a non-empty list of machines/{uuid} names, no longer
+// than a cluster can be big.
+func (s *Clusters) parseNodesPlan(field string, names []string) (nodesPlan, error) {
 	var v violations
 	if len(names) == 0 {
 		v.add(field, "name at least one machines/{uuid}")
+	}
+	if !checkListSize(&v, field, len(names), s.catalog.MaxClusterSize) {
+		return nodesPlan{}, v.err()
 	}
 	plan := nodesPlan{Machines: machineIDs(&v, field, names)}
 	return plan, v.err()
@@ -33,12 +37,12 @@ func parseNodesPlan(field string, names []string) (nodesPlan, error) {
 // IMPORTING before anything is attached to a candidate machine (SPEC §3.7),
 // so a refused request leaves the machines untouched.
 func (s *Clusters) AddNodes(ctx context.Context, req *clv1.AddNodesRequest) (*longrunningpb.Operation, error) {
-	plan, err := parseNodesPlan("machines", req.GetMachines())
+	plan, err := s.parseNodesPlan("machines", req.GetMachines())
 	if err != nil {
 		return nil, err
 	}
 	return s.run(ctx, request{
-		name: req.GetName(), requestID: req.GetRequestId(),
+		msg: req, name: req.GetName(), requestID: req.GetRequestId(),
 		verb: VerbAddNodes, event: lifecycle.AddNodeRequested, params: plan,
 		check: func(ctx context.Context, c repository.Cluster) error { return s.checkAdd(ctx, c, plan) },
 		work:  func(ctx context.Context, o *op) (repository.Changes, error) { return s.addWork(ctx, o, plan) },
@@ -53,19 +57,20 @@ func (s *Clusters) checkAdd(ctx context.Context, c repository.Cluster, p nodesPl
 		field := fmt.Sprintf("machines[%d]", i)
 		m, err := s.infra.Machine(ctx, id)
 		switch {
-		case errors.Is(err, infra.ErrNotFound):
-			v.add(field, "%s does not exist", machinePrefix+id)
-		case err != nil:
+		case err != nil && !errors.Is(err, infra.ErrNotFound):
 			return err
-		case m.ClusterID == c.ID:
+		case err == nil && m.ClusterID == c.ID:
 			v.add(field, "%s is already a node of %s", machinePrefix+id, clusterName(c.ID))
-		case m.ClusterID != "" || m.Role != infra.RoleExternal:
-			v.add(field, "%s is not a free external machine", machinePrefix+id)
+		case err != nil || m.ClusterID != "" || m.Role != infra.RoleExternal:
+			// One answer for a machine that does not exist and one that
+			// another cluster (maybe another account's) has, so nobody
+			// learns which machines other accounts use.
+			v.add(field, "%s does not exist or is not a free external machine", machinePrefix+id)
 		case m.Power != infra.PowerRunning:
 			v.add(field, "%s is powered off", machinePrefix+id)
 		}
 	}
-	if total := c.Spec.ControlNodeCount + c.Spec.WorkerNodeCount + int32(len(p.Machines)); total > s.catalog.MaxClusterSize {
+	if total := sum(c.Spec.ControlNodeCount, c.Spec.WorkerNodeCount) + int64(len(p.Machines)); total > int64(s.catalog.MaxClusterSize) {
 		v.add("machines", "the cluster would have %d nodes, more than the maximum cluster size %d", total, s.catalog.MaxClusterSize)
 	}
 	return v.err()
@@ -104,12 +109,12 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 // RemoveNodes drains and removes named nodes (which become free external
 // machines) and revokes their network rules.
 func (s *Clusters) RemoveNodes(ctx context.Context, req *clv1.RemoveNodesRequest) (*longrunningpb.Operation, error) {
-	plan, err := parseNodesPlan("nodes", req.GetNodes())
+	plan, err := s.parseNodesPlan("nodes", req.GetNodes())
 	if err != nil {
 		return nil, err
 	}
 	return s.run(ctx, request{
-		name: req.GetName(), requestID: req.GetRequestId(),
+		msg: req, name: req.GetName(), requestID: req.GetRequestId(),
 		verb: VerbRemoveNodes, event: lifecycle.RemoveNodeRequested, params: plan,
 		check: func(ctx context.Context, c repository.Cluster) error { return s.checkRemove(ctx, c, plan) },
 		work:  func(ctx context.Context, o *op) (repository.Changes, error) { return s.removeWork(ctx, o, plan) },

@@ -55,15 +55,32 @@ func (o *Operations) changes() <-chan struct{} {
 
 // GetOperation returns an operation's latest state.
 func (o *Operations) GetOperation(ctx context.Context, req *longrunningpb.GetOperationRequest) (*longrunningpb.Operation, error) {
-	id, err := parseName("name", req.GetName(), operationPrefix)
+	j, err := o.visibleJob(ctx, req.GetName())
 	if err != nil {
 		return nil, err
 	}
+	return toOperation(j)
+}
+
+// visibleJob reads the job an operation name names, answering NOT_FOUND for
+// an operation of an account the caller may not see.
+func (o *Operations) visibleJob(ctx context.Context, name string) (repository.Job, error) {
+	who, err := caller(ctx)
+	if err != nil {
+		return repository.Job{}, err
+	}
+	id, err := parseName("name", name, operationPrefix)
+	if err != nil {
+		return repository.Job{}, err
+	}
 	j, err := o.store.GetJob(ctx, id)
 	if err != nil {
-		return nil, notFound(err, req.GetName())
+		return repository.Job{}, notFound(err, name)
 	}
-	return toOperation(j)
+	if err := visible(who, j.Account, name); err != nil {
+		return repository.Job{}, err
+	}
+	return j, nil
 }
 
 // operationFilterFields are the fields ListOperations can filter on.
@@ -72,8 +89,12 @@ var operationFilterFields = []string{"cluster", "done"}
 // ListOperations lists operations in creation order, optionally of one
 // cluster (`cluster = "clusters/{uuid}"`) and by completion (`done = false`).
 func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.ListOperationsRequest) (*longrunningpb.ListOperationsResponse, error) {
+	who, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if n := req.GetName(); n != "" && n != "operations" {
-		return nil, invalid("name", "must be empty or \"operations\", got %q", n)
+		return nil, invalid("name", "must be empty or \"operations\", got %q", Clip(n))
 	}
 	size, err := pageSize("page_size", req.GetPageSize())
 	if err != nil {
@@ -83,7 +104,7 @@ func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.List
 	if err != nil {
 		return nil, err
 	}
-	q := repository.JobQuery{Limit: size + 1}
+	q := repository.JobQuery{Account: who.Scope(), Limit: size + 1}
 	for _, t := range terms {
 		switch t.Field {
 		case "cluster":
@@ -93,7 +114,7 @@ func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.List
 		case "done":
 			done, perr := strconv.ParseBool(t.Value)
 			if perr != nil {
-				return nil, invalid("filter", "done must be true or false, got %q", t.Value)
+				return nil, invalid("filter", "done must be true or false, got %q", Clip(t.Value))
 			}
 			q.Done = &done
 		}
@@ -126,7 +147,7 @@ func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.List
 // and maximum 5 minutes, and never past the RPC's deadline) has passed,
 // with the operation's latest state either way.
 func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitOperationRequest) (*longrunningpb.Operation, error) {
-	id, err := parseName("name", req.GetName(), operationPrefix)
+	j, err := o.visibleJob(ctx, req.GetName())
 	if err != nil {
 		return nil, err
 	}
@@ -143,8 +164,7 @@ func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitO
 	defer tick.Stop()
 	for {
 		changed := o.changes()
-		j, err := o.store.GetJob(ctx, id)
-		if err != nil {
+		if j, err = o.store.GetJob(ctx, j.ID); err != nil {
 			return nil, notFound(err, req.GetName())
 		}
 		if j.Status.Done() {
@@ -171,18 +191,22 @@ func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitO
 // is a flag on the job row that its runner reads at every step. Cancelling an
 // operation that is already done changes nothing.
 func (o *Operations) CancelOperation(ctx context.Context, req *longrunningpb.CancelOperationRequest) (*emptypb.Empty, error) {
-	id, err := parseName("name", req.GetName(), operationPrefix)
+	j, err := o.visibleJob(ctx, req.GetName())
 	if err != nil {
 		return nil, err
 	}
-	if _, err := o.store.RequestCancel(ctx, id); err != nil {
+	if _, err := o.store.RequestCancel(ctx, j.ID); err != nil {
 		return nil, notFound(err, req.GetName())
 	}
 	return &emptypb.Empty{}, nil
 }
 
 // DeleteOperation is refused: operations are history, kept for the job
-// retention period and then purged by the scanner.
-func (o *Operations) DeleteOperation(context.Context, *longrunningpb.DeleteOperationRequest) (*emptypb.Empty, error) {
+// retention period and then purged by the scanner. An operation the caller
+// cannot see is NOT_FOUND, as everywhere.
+func (o *Operations) DeleteOperation(ctx context.Context, req *longrunningpb.DeleteOperationRequest) (*emptypb.Empty, error) {
+	if _, err := o.visibleJob(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
 	return nil, &NotImplementedError{Method: "DeleteOperation", Detail: "operations are kept as history and purged after the job retention period"}
 }

@@ -41,6 +41,9 @@ func decodePageToken(field, token, query string) (string, error) {
 	if token == "" {
 		return "", nil
 	}
+	if len(token) > maxPageTokenLen {
+		return "", invalid(field, "is not a token this service issued")
+	}
 	raw, err := base64.RawURLEncoding.DecodeString(token)
 	if err != nil {
 		return "", invalid(field, "is not a token this service issued")

@@ -16,7 +16,7 @@ import (
 // start without changing its state (SPEC §3.4).
 func (s *Clusters) StartCluster(ctx context.Context, req *clv1.StartClusterRequest) (*longrunningpb.Operation, error) {
 	return s.run(ctx, request{
-		name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
+		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
 		verb: VerbStart, event: lifecycle.StartRequested, params: struct{}{},
 		work: s.startWork,
 	})
@@ -45,7 +45,7 @@ func (s *Clusters) startWork(ctx context.Context, o *op) (repository.Changes, er
 // StopCluster powers a cluster's machines off, keeping its resources.
 func (s *Clusters) StopCluster(ctx context.Context, req *clv1.StopClusterRequest) (*longrunningpb.Operation, error) {
 	return s.run(ctx, request{
-		name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
+		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
 		verb: VerbStop, event: lifecycle.StopRequested, params: struct{}{},
 		work: s.stopWork,
 	})
@@ -73,7 +73,7 @@ func (s *Clusters) stopWork(ctx context.Context, o *op) (repository.Changes, err
 // or the scanner, retries it in place (SPEC §3.4).
 func (s *Clusters) DeleteCluster(ctx context.Context, req *clv1.DeleteClusterRequest) (*longrunningpb.Operation, error) {
 	return s.run(ctx, request{
-		name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
+		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
 		verb: VerbDelete, event: lifecycle.DestroyRequested, params: struct{}{},
 		work: s.deleteWork,
 	})

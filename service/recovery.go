@@ -32,7 +32,7 @@ func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orph
 	_, err := s.claim(ctx, repository.Transition{
 		ClusterID: c.ID, Expect: c.Expect(), History: repository.RecoveryStarted,
 		Message: fmt.Sprintf("recovering orphaned operation %s: %s", operationName(c.CurrentOperation), reason),
-	}, VerbRecover, "", map[string]string{"orphan": c.CurrentOperation, "kind": orphanKind, "reason": reason},
+	}, VerbRecover, idempotency{}, map[string]string{"orphan": c.CurrentOperation, "kind": orphanKind, "reason": reason},
 		func(ctx context.Context, o *op) (repository.Changes, error) {
 			// Whatever the repairs do, the orphaned operation ends with its
 			// orphan event (a state with none, e.g. an ERROR cluster whose
@@ -49,7 +49,7 @@ func (s *Clusters) RetryDestroy(ctx context.Context, c repository.Cluster, reaso
 	_, err := s.claim(ctx, repository.Transition{
 		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.DestroyRequested,
 		Message: "destroy retried: " + reason,
-	}, VerbDelete, "", struct{}{}, s.deleteWork)
+	}, VerbDelete, idempotency{}, struct{}{}, s.deleteWork)
 	return err
 }
 
@@ -70,7 +70,7 @@ func (s *Clusters) RecoverAlert(ctx context.Context, c repository.Cluster) error
 	_, err := s.claim(ctx, repository.Transition{
 		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.RecoveryRequested,
 		Message: "machines all running and nodes joined",
-	}, VerbRecover, "", struct{}{}, func(ctx context.Context, o *op) (repository.Changes, error) {
+	}, VerbRecover, idempotency{}, struct{}{}, func(ctx context.Context, o *op) (repository.Changes, error) {
 		machines, err := s.infra.Machines(ctx, c.ID)
 		if err != nil {
 			return repository.Changes{}, err
@@ -108,7 +108,7 @@ func (s *Clusters) StopAlert(ctx context.Context, c repository.Cluster) error {
 	_, err := s.claim(ctx, repository.Transition{
 		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StopRequested,
 		Message: "machines all stopped",
-	}, VerbStop, "", struct{}{}, s.stopWork)
+	}, VerbStop, idempotency{}, struct{}{}, s.stopWork)
 	return err
 }
 

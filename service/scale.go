@@ -57,10 +57,16 @@ func (s *Clusters) ScaleCluster(ctx context.Context, req *clv1.ScaleClusterReque
 	if req.WorkerNodeCount == nil && len(req.GetRemoveNodes()) == 0 && req.GetServiceOffering() == "" && req.GetAutoscaling() == nil {
 		v.add("worker_node_count", "set at least one of worker_node_count, remove_nodes, service_offering and autoscaling")
 	}
-	if req.WorkerNodeCount != nil && req.GetWorkerNodeCount() < 1 {
-		v.add("worker_node_count", "must be at least 1, got %d", req.GetWorkerNodeCount())
+	switch n := req.GetWorkerNodeCount(); {
+	case req.WorkerNodeCount == nil:
+	case n < 1:
+		v.add("worker_node_count", "must be at least 1, got %d", n)
+	case n > s.catalog.MaxClusterSize:
+		v.add("worker_node_count", "must be at most the maximum cluster size %d, got %d", s.catalog.MaxClusterSize, n)
 	}
-	plan.Remove = machineIDs(&v, "remove_nodes", req.GetRemoveNodes())
+	if checkListSize(&v, "remove_nodes", len(req.GetRemoveNodes()), s.catalog.MaxClusterSize) {
+		plan.Remove = machineIDs(&v, "remove_nodes", req.GetRemoveNodes())
+	}
 	if req.GetServiceOffering() != "" {
 		s.catalog.checkOffering(&v, "service_offering", req.GetServiceOffering())
 	}
@@ -75,7 +81,7 @@ func (s *Clusters) ScaleCluster(ctx context.Context, req *clv1.ScaleClusterReque
 		return nil, err
 	}
 	return s.run(ctx, request{
-		name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
+		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
 		verb: VerbScale, params: plan,
 		eventFor: func(c repository.Cluster) lifecycle.Event { return plan.event(c.Spec.WorkerNodeCount) },
 		check:    func(ctx context.Context, c repository.Cluster) error { return s.checkScale(ctx, c, plan) },
@@ -98,13 +104,13 @@ func (s *Clusters) checkScale(ctx context.Context, c repository.Cluster, p scale
 		}
 		v.add(field, "the cluster already has %d workers of offering %q: nothing to change", current, c.Spec.ServiceOffering)
 	}
-	if a := p.Autoscaling; a != nil && a.Enabled && c.Spec.ControlNodeCount+a.MaxSize > s.catalog.MaxClusterSize {
+	if a := p.Autoscaling; a != nil && a.Enabled && sum(c.Spec.ControlNodeCount, a.MaxSize) > int64(s.catalog.MaxClusterSize) {
 		v.add("autoscaling.max_size", "%d control + %d workers exceeds the maximum cluster size %d", c.Spec.ControlNodeCount, a.MaxSize, s.catalog.MaxClusterSize)
 	}
 	if target < 1 {
 		v.add("worker_node_count", "a cluster keeps at least 1 worker; %d would remain", target)
 	}
-	if c.Spec.ControlNodeCount+target > s.catalog.MaxClusterSize {
+	if sum(c.Spec.ControlNodeCount, target) > int64(s.catalog.MaxClusterSize) {
 		v.add("worker_node_count", "%d control + %d workers exceeds the maximum cluster size %d", c.Spec.ControlNodeCount, target, s.catalog.MaxClusterSize)
 	}
 	if len(p.Remove) > 0 {
@@ -120,7 +126,7 @@ func (s *Clusters) checkScale(ctx context.Context, c repository.Cluster, p scale
 	if p.Offering != "" && lifecycle.IsLive(c.State) {
 		cur, next := s.catalog.Offerings[c.Spec.ServiceOffering], s.catalog.Offerings[p.Offering]
 		if next.CPUs < cur.CPUs || next.MemoryMB < cur.MemoryMB {
-			v.add("service_offering", "a running cluster cannot move to a smaller offering (%q is smaller than %q); stop it first", p.Offering, c.Spec.ServiceOffering)
+			v.add("service_offering", "a running cluster cannot move to a smaller offering (%q is smaller than %q); stop it first", Clip(p.Offering), c.Spec.ServiceOffering)
 		}
 	}
 	return v.err()
@@ -151,7 +157,7 @@ func machineIDs(v *violations, field string, names []string) []string {
 	for i, n := range names {
 		id, err := parseName(field, n, machinePrefix)
 		if err != nil {
-			v.add(fmt.Sprintf("%s[%d]", field, i), "%q is not a machines/{uuid} name", n)
+			v.add(fmt.Sprintf("%s[%d]", field, i), "%q is not a machines/{uuid} name", Clip(n))
 			continue
 		}
 		if slices.Contains(ids, id) {

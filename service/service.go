@@ -29,7 +29,7 @@ type Store interface {
 	Claim(ctx context.Context, t repository.Transition, nj repository.NewJob) (repository.Cluster, repository.Job, error)
 	Transition(ctx context.Context, t repository.Transition) (repository.Cluster, error)
 	FinishJob(ctx context.Context, f repository.Finish) (repository.Job, error)
-	GetJobByRequestID(ctx context.Context, requestID string) (repository.Job, error)
+	GetJobByRequestID(ctx context.Context, account, requestID string) (repository.Job, error)
 	RecordEvent(ctx context.Context, e repository.Event) error
 }
 
@@ -129,13 +129,9 @@ func (s *Clusters) withNodes(ctx context.Context, cs ...repository.Cluster) ([]*
 
 // GetCluster returns one cluster.
 func (s *Clusters) GetCluster(ctx context.Context, req *clv1.GetClusterRequest) (*clv1.Cluster, error) {
-	id, err := parseName("name", req.GetName(), clusterPrefix)
+	c, err := s.visibleCluster(ctx, "name", req.GetName())
 	if err != nil {
 		return nil, err
-	}
-	c, err := s.store.GetCluster(ctx, id)
-	if err != nil {
-		return nil, notFound(err, req.GetName())
 	}
 	out, err := s.withNodes(ctx, c)
 	if err != nil {
@@ -144,11 +140,36 @@ func (s *Clusters) GetCluster(ctx context.Context, req *clv1.GetClusterRequest) 
 	return out[0], nil
 }
 
+// visibleCluster reads the cluster a request names in field, answering
+// NOT_FOUND for a cluster of an account the caller may not see.
+func (s *Clusters) visibleCluster(ctx context.Context, field, name string) (repository.Cluster, error) {
+	who, err := caller(ctx)
+	if err != nil {
+		return repository.Cluster{}, err
+	}
+	id, err := parseName(field, name, clusterPrefix)
+	if err != nil {
+		return repository.Cluster{}, err
+	}
+	c, err := s.store.GetCluster(ctx, id)
+	if err != nil {
+		return repository.Cluster{}, notFound(err, name)
+	}
+	if err := visible(who, c.Account, name); err != nil {
+		return repository.Cluster{}, err
+	}
+	return c, nil
+}
+
 // clusterFilterFields are the fields ListClusters can filter on.
 var clusterFilterFields = []string{"state", "display_name", "account"}
 
 // ListClusters returns a page of clusters in creation order.
 func (s *Clusters) ListClusters(ctx context.Context, req *clv1.ListClustersRequest) (*clv1.ListClustersResponse, error) {
+	who, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
 	size, err := pageSize("page_size", req.GetPageSize())
 	if err != nil {
 		return nil, err
@@ -163,7 +184,7 @@ func (s *Clusters) ListClusters(ctx context.Context, req *clv1.ListClustersReque
 		case "state":
 			st, err := lifecycle.ParseState(strings.ToUpper(t.Value))
 			if err != nil {
-				return nil, invalid("filter", "unknown state %q", t.Value)
+				return nil, invalid("filter", "unknown state %q", Clip(t.Value))
 			}
 			q.States = append(q.States, st)
 		case "display_name":
@@ -177,6 +198,13 @@ func (s *Clusters) ListClusters(ctx context.Context, req *clv1.ListClustersReque
 	}
 	if q.After, err = decodePageToken("page_token", req.GetPageToken(), "clusters?"+req.GetFilter()); err != nil {
 		return nil, err
+	}
+	if scope := who.Scope(); scope != "" {
+		if q.Account != "" && q.Account != scope {
+			// The filter asks for an account the caller cannot see.
+			return &clv1.ListClustersResponse{}, nil
+		}
+		q.Account = scope
 	}
 	cs, err := s.store.ListClusters(ctx, q)
 	if err != nil {
@@ -217,10 +245,11 @@ func (s *Clusters) ListClusterEvents(ctx context.Context, req *clv1.ListClusterE
 			return nil, invalid("page_token", "is not a token this service issued")
 		}
 	}
-	if _, err := s.store.GetCluster(ctx, id); err != nil {
-		return nil, notFound(err, req.GetParent())
+	c, err := s.visibleCluster(ctx, "parent", req.GetParent())
+	if err != nil {
+		return nil, err
 	}
-	evs, err := s.store.ListEvents(ctx, id, after, size+1)
+	evs, err := s.store.ListEvents(ctx, c.ID, after, size+1)
 	if err != nil {
 		return nil, err
 	}

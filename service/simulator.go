@@ -133,7 +133,7 @@ func (s *Simulator) InjectFault(_ context.Context, req *clv1.InjectFaultRequest)
 	var v violations
 	f := fault.Fault{Step: in.GetStep(), Count: in.GetCount()}
 	if !slices.Contains(infra.Steps(), f.Step) {
-		v.add("fault.step", "%q is not a step; one of %s", f.Step, strings.Join(infra.Steps(), ", "))
+		v.add("fault.step", "%q is not a step; one of %s", Clip(f.Step), strings.Join(infra.Steps(), ", "))
 	}
 	mode, ok := faultModes[in.GetMode()]
 	if !ok {
@@ -203,7 +203,7 @@ func (s *Simulator) ReleaseHeld(_ context.Context, req *clv1.ReleaseHeldRequest)
 	}
 	id, ok := strings.CutPrefix(req.GetFault(), faultPrefix)
 	if !ok || id == "" || strings.Contains(id, "/") {
-		return nil, invalid("fault", "%q is not a faults/{id} name", req.GetFault())
+		return nil, invalid("fault", "%q is not a faults/{id} name", Clip(req.GetFault()))
 	}
 	if _, err := s.sim.ReleaseHeld(id); err != nil {
 		if errors.Is(err, fault.ErrUnknown) {

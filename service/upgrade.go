@@ -27,11 +27,11 @@ func (s *Clusters) UpgradeCluster(ctx context.Context, req *clv1.UpgradeClusterR
 		return nil, err
 	}
 	if !s.catalog.hasVersion(target) {
-		return nil, invalid("kubernetes_version", "unsupported version %q (one of %s)", target, strings.Join(s.catalog.Versions, ", "))
+		return nil, invalid("kubernetes_version", "unsupported version %q (one of %s)", Clip(target), strings.Join(s.catalog.Versions, ", "))
 	}
 	plan := upgradePlan{Version: target}
 	return s.run(ctx, request{
-		name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
+		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
 		verb: VerbUpgrade, event: lifecycle.UpgradeRequested, params: plan,
 		check: func(_ context.Context, c repository.Cluster) error {
 			return checkUpgrade(c.Spec.KubernetesVersion, target)

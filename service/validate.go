@@ -1,24 +1,13 @@
 package service
 
 import (
-	"context"
 	"fmt"
 	"regexp"
 	"slices"
 	"strings"
 
-	"google.golang.org/grpc/metadata"
-
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/repository"
-)
-
-// AccountHeader is the request metadata (gRPC) or HTTP header (REST) that
-// names the caller's account; clusters' display names are unique per
-// account. Without it the account is DefaultAccount.
-const (
-	AccountHeader  = "x-clusterd-account"
-	DefaultAccount = "default"
 )
 
 // dnsLabel is RFC 1123: what Kubernetes and DNS accept as a cluster name.
@@ -41,19 +30,6 @@ func (v violations) err() error {
 	return &InvalidArgumentError{Violations: v}
 }
 
-// account returns the caller's account from the request metadata.
-func account(ctx context.Context) (string, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get(AccountHeader)
-	if len(vals) == 0 || vals[0] == "" {
-		return DefaultAccount, nil
-	}
-	if !dnsLabel.MatchString(vals[0]) {
-		return "", invalid(AccountHeader, "must be a DNS label (lower-case letters, digits, '-'; at most 63), got %q", vals[0])
-	}
-	return vals[0], nil
-}
-
 // offering checks that name is an offering of the catalog big enough for a
 // Kubernetes node.
 func (c Catalog) checkOffering(v *violations, field, name string) (Offering, bool) {
@@ -63,7 +39,7 @@ func (c Catalog) checkOffering(v *violations, field, name string) (Offering, boo
 	}
 	o, ok := c.Offerings[name]
 	if !ok {
-		v.add(field, "unknown service offering %q (one of %s)", name, c.offeringNames())
+		v.add(field, "unknown service offering %q (one of %s)", Clip(name), c.offeringNames())
 		return Offering{}, false
 	}
 	if o.CPUs < minCPUs || o.MemoryMB < minMemoryMB {
@@ -97,61 +73,62 @@ func (c Catalog) checkAutoscaling(v *violations, field string, a *clv1.Autoscali
 		v.add(field+".min_size", "must be at least 1, got %d", a.GetMinSize())
 	case a.GetMaxSize() < a.GetMinSize():
 		v.add(field+".max_size", "must be at least min_size (%d), got %d", a.GetMinSize(), a.GetMaxSize())
-	case control+a.GetMaxSize() > c.MaxClusterSize:
+	case sum(control, a.GetMaxSize()) > int64(c.MaxClusterSize):
 		v.add(field+".max_size", "%d control + %d workers exceeds the maximum cluster size %d", control, a.GetMaxSize(), c.MaxClusterSize)
 	case workers != 0 && (workers < a.GetMinSize() || workers > a.GetMaxSize()):
 		v.add(field, "worker_node_count %d must be within [min_size %d, max_size %d]", workers, a.GetMinSize(), a.GetMaxSize())
 	}
 }
 
-// validateCreate checks a CreateClusterRequest and returns the cluster to insert.
-func (s *Clusters) validateCreate(ctx context.Context, req *clv1.CreateClusterRequest) (repository.NewCluster, error) {
+// validateCreate checks a CreateClusterRequest and returns the cluster to
+// insert, in account, and the canonical request id.
+func (s *Clusters) validateCreate(req *clv1.CreateClusterRequest, account string) (repository.NewCluster, string, error) {
 	var v violations
-	acct, err := account(ctx)
+	requestID, err := canonicalRequestID(req.GetRequestId())
 	if err != nil {
-		return repository.NewCluster{}, err
-	}
-	if err := validateRequestID(req.GetRequestId()); err != nil {
-		return repository.NewCluster{}, err
+		return repository.NewCluster{}, "", err
 	}
 	cl := req.GetCluster()
 	if cl == nil {
 		v.add("cluster", "is required")
-		return repository.NewCluster{}, v.err()
+		return repository.NewCluster{}, "", v.err()
 	}
 	if !dnsLabel.MatchString(cl.GetDisplayName()) {
-		v.add("cluster.display_name", "must be a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63), got %q", cl.GetDisplayName())
+		v.add("cluster.display_name", "must be a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63), got %q", Clip(cl.GetDisplayName()))
 	}
 	if len(cl.GetDescription()) > maxDescription {
-		v.add("cluster.description", "must be at most %d bytes", maxDescription)
+		v.add("cluster.description", "must be at most %d bytes, got %d", maxDescription, len(cl.GetDescription()))
 	}
 	if !s.catalog.hasVersion(cl.GetKubernetesVersion()) {
-		v.add("cluster.kubernetes_version", "unsupported version %q (one of %s)", cl.GetKubernetesVersion(), strings.Join(s.catalog.Versions, ", "))
+		v.add("cluster.kubernetes_version", "unsupported version %q (one of %s)", Clip(cl.GetKubernetesVersion()), strings.Join(s.catalog.Versions, ", "))
 	}
 	control := cl.GetControlNodeCount()
 	if control == 0 {
 		control = 1
 	}
+	limit := s.catalog.MaxClusterSize
 	switch {
 	case control < 0:
 		v.add("cluster.control_node_count", "must be positive, got %d", control)
+	case control > limit:
+		v.add("cluster.control_node_count", "must be at most the maximum cluster size %d, got %d", limit, control)
 	case control > 1 && control%2 == 0:
 		v.add("cluster.control_node_count", "must be odd (etcd quorum), got %d", control)
 	}
 	workers := cl.GetWorkerNodeCount()
-	if workers < 1 {
+	switch {
+	case workers < 1:
 		v.add("cluster.worker_node_count", "must be at least 1, got %d", workers)
-	}
-	if control > 0 && workers > 0 && control+workers > s.catalog.MaxClusterSize {
-		v.add("cluster.worker_node_count", "%d control + %d workers exceeds the maximum cluster size %d", control, workers, s.catalog.MaxClusterSize)
+	case sum(max(control, 0), workers) > int64(limit):
+		v.add("cluster.worker_node_count", "%d control + %d workers exceeds the maximum cluster size %d", control, workers, limit)
 	}
 	s.catalog.checkOffering(&v, "cluster.service_offering", cl.GetServiceOffering())
 	s.catalog.checkAutoscaling(&v, "cluster.autoscaling", cl.GetAutoscaling(), control, workers)
 	if err := v.err(); err != nil {
-		return repository.NewCluster{}, err
+		return repository.NewCluster{}, "", err
 	}
 	return repository.NewCluster{
-		Account:     acct,
+		Account:     account,
 		DisplayName: cl.GetDisplayName(),
 		Description: cl.GetDescription(),
 		Spec: repository.Spec{
@@ -165,5 +142,5 @@ func (s *Clusters) validateCreate(ctx context.Context, req *clv1.CreateClusterRe
 				MaxSize: cl.GetAutoscaling().GetMaxSize(),
 			},
 		},
-	}, nil
+	}, requestID, nil
 }

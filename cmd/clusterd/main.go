@@ -39,6 +39,10 @@ func run(args []string, getenv func(string) string, stderr io.Writer) error {
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	reload := make(chan os.Signal, 1)
+	signal.Notify(reload, syscall.SIGHUP)
+	defer signal.Stop(reload)
+	cfg.Reload = reload
 	return server.Run(ctx, cfg)
 }
 
@@ -92,6 +96,10 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often resting clusters are reconciled against the infrastructure")
 	fs.DurationVar(&cfg.JobRetention, "job-retention", 7*24*time.Hour, "finished operations are purged after this")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
+	fs.StringVar(&cfg.AuthTokens, "auth-tokens", "", "file of identities, one a line: sha256:<hex of the token's SHA-256> <account> <user|admin> (re-read on SIGHUP)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: serve gRPC and REST over TLS (re-read on SIGHUP)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "PEM CA bundle: verify client certificates (mutual TLS); a certificate's CN is its account, OU=clusterd-admin makes it an admin")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: clusterd [flags]\n\nEvery flag can also be set as CLUSTERD_<FLAG> (e.g. CLUSTERD_GRPC_ADDR).")
 		fs.PrintDefaults()

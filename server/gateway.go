@@ -1,0 +1,347 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
+	"google.golang.org/genproto/googleapis/api/annotations"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	"github.com/clusterd/clusterd/auth"
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	opsgw "github.com/clusterd/clusterd/gen/gateway/longrunningpb"
+	"github.com/clusterd/clusterd/gen/openapiv2"
+	"github.com/clusterd/clusterd/service"
+)
+
+// maxRESTBody bounds a REST request body; the largest valid request (an
+// AddNodes of a maximum-size cluster) is a few kilobytes.
+const maxRESTBody = 64 << 10
+
+// gateway builds the REST gateway as a gRPC client of this server, over an
+// in-process connection, so REST requests go through the same interceptors
+// (authentication included) as gRPC ones. It is strict where the gateway is
+// lenient by default: unknown JSON fields and query parameters, trailing
+// data and oversized bodies are refused, and every error it raises itself
+// is a google.rpc.Status with an ErrorInfo like the server's own.
+func (s *Server) gateway(ctx context.Context) error {
+	conn, err := grpc.NewClient("passthrough:///clusterd-gateway",
+		grpc.WithContextDialer(s.gatewayLis.dial),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("gateway connection: %w", err)
+	}
+	s.conn = conn
+	bodyRoutes, err := bodyOnlyRoutes()
+	if err != nil {
+		return err
+	}
+	var mux *runtime.ServeMux
+	mux = runtime.NewServeMux(
+		runtime.WithHealthzEndpoint(healthpb.NewHealthClient(conn)),
+		runtime.WithIncomingHeaderMatcher(forwardedHeader),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &strictJSON{JSONPb: &runtime.JSONPb{
+			MarshalOptions:   protojson.MarshalOptions{EmitUnpopulated: true},
+			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+		}}),
+		runtime.SetQueryParameterParser(strictQuery{}),
+		runtime.WithErrorHandler(gatewayError),
+		runtime.WithRoutingErrorHandler(routingError),
+		runtime.WithMiddlewares(func(next runtime.HandlerFunc) runtime.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+				if pattern, ok := runtime.HTTPPathPattern(r.Context()); ok && r.URL.RawQuery != "" && bodyRoutes[r.Method+" "+pattern] {
+					writeError(mux, w, r, 0, &service.InvalidArgumentError{Violations: []service.FieldViolation{{
+						Field: "query", Description: fmt.Sprintf("%s %s takes every field in its JSON body, no query parameters", r.Method, pattern)}}})
+					return
+				}
+				next(w, r, params)
+			}
+		}),
+		// GET /v1/operations lists; without this, operations/** would also
+		// match it with zero segments and route it to GetOperation.
+		runtime.WithStrictDeepWildcardMatching(),
+	)
+	if err := clv1.RegisterClusterLifecycleHandler(ctx, mux, conn); err != nil {
+		return fmt.Errorf("gateway ClusterLifecycle: %w", err)
+	}
+	if err := opsgw.RegisterOperationsHandler(ctx, mux, conn); err != nil {
+		return fmt.Errorf("gateway Operations: %w", err)
+	}
+	if err := clv1.RegisterSimulatorHandler(ctx, mux, conn); err != nil {
+		return fmt.Errorf("gateway Simulator: %w", err)
+	}
+	if err := mux.HandlePath(http.MethodGet, "/openapi.json", func(w http.ResponseWriter, _ *http.Request, _ map[string]string) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(openapiv2.JSON)
+	}); err != nil {
+		return fmt.Errorf("gateway /openapi.json: %w", err)
+	}
+	s.http = &http.Server{Handler: guard(mux), ReadHeaderTimeout: 10 * time.Second, TLSConfig: s.tlsConfig()}
+	return nil
+}
+
+// forwardedHeader passes on to the gRPC server only the headers clusterd
+// reads (authorization always passes): no Grpc-Metadata-* smuggling of
+// metadata the server trusts from the gateway.
+func forwardedHeader(key string) (string, bool) {
+	switch strings.ToLower(key) {
+	case auth.AccountHeader:
+		return auth.AccountHeader, true
+	case verifiedClientHeader:
+		return verifiedClientHeader, true
+	}
+	return "", false
+}
+
+// guard checks what the gateway would otherwise pass on blindly: valid
+// UTF-8 in the path, query and headers, a body within maxRESTBody (413
+// beyond), and the client certificate the TLS listener verified, forwarded
+// under verifiedClientHeader in place of anything the client sent there.
+func guard(mux *runtime.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := checkUTF8(r); err != nil {
+			writeError(mux, w, r, http.StatusBadRequest, err)
+			return
+		}
+		r.Header.Del(verifiedClientHeader)
+		if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+			r.Header.Set(verifiedClientHeader, base64.StdEncoding.EncodeToString(r.TLS.VerifiedChains[0][0].Raw))
+		}
+		if r.Body != nil && r.Body != http.NoBody {
+			body, err := io.ReadAll(io.LimitReader(r.Body, maxRESTBody+1))
+			if r.ContentLength > maxRESTBody || len(body) > maxRESTBody {
+				writeError(mux, w, r, http.StatusRequestEntityTooLarge, service.StatusWithReason(codes.ResourceExhausted,
+					fmt.Sprintf("the request body is larger than %d bytes", maxRESTBody), service.ReasonRequestTooLarge).Err())
+				return
+			}
+			if err != nil {
+				writeError(mux, w, r, http.StatusBadRequest, &service.InvalidArgumentError{Violations: []service.FieldViolation{{
+					Field: "body", Description: fmt.Sprintf("cannot be read: %v", err)}}})
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// checkUTF8 refuses a request whose path, query or headers are not UTF-8
+// (or whose query does not parse), naming the part.
+func checkUTF8(r *http.Request) error {
+	bad := func(field, what string) error {
+		return &service.InvalidArgumentError{Violations: []service.FieldViolation{{Field: field, Description: what}}}
+	}
+	if !utf8.ValidString(r.URL.Path) {
+		return bad("path", "is not valid UTF-8")
+	}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return bad("query", "cannot be parsed: "+service.Clip(err.Error()))
+	}
+	for k, vs := range q {
+		if !utf8.ValidString(k) {
+			return bad("query", "has a parameter name that is not valid UTF-8")
+		}
+		for _, v := range vs {
+			if !utf8.ValidString(v) {
+				return bad(k, "is not valid UTF-8")
+			}
+		}
+	}
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			if !utf8.ValidString(v) {
+				return bad(strings.ToLower(k), "is not valid UTF-8")
+			}
+		}
+	}
+	return nil
+}
+
+// writeError answers through the gateway's error handler, with httpStatus
+// when it is not the one the status code maps to.
+func writeError(mux *runtime.ServeMux, w http.ResponseWriter, r *http.Request, httpStatus int, err error) {
+	_, out := runtime.MarshalerForRequest(mux, r)
+	if httpStatus != 0 {
+		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: err}
+	}
+	runtime.HTTPError(r.Context(), mux, out, w, r, err)
+}
+
+// gatewayError is the one error handler of the REST gateway: errors from the
+// gRPC server already carry their ErrorInfo; the gateway's own (bad JSON, an
+// unknown query parameter) get one through the same mapping.
+func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	var custom *runtime.HTTPStatusError
+	httpStatus := 0
+	if errors.As(err, &custom) {
+		httpStatus, err = custom.HTTPStatus, custom.Err
+	}
+	st := service.Status(err)
+	err = st.Err()
+	if httpStatus != 0 {
+		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: err}
+	}
+	if st.Code() == codes.Unauthenticated {
+		w = challenge{w}
+	}
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+}
+
+// challenge sets a proper RFC 6750 challenge on 401 answers (the gateway
+// would put the error message there).
+type challenge struct{ http.ResponseWriter }
+
+// WriteHeader replaces the WWW-Authenticate header before it is sent.
+func (c challenge) WriteHeader(code int) {
+	c.Header().Set("WWW-Authenticate", `Bearer realm="clusterd"`)
+	c.ResponseWriter.WriteHeader(code)
+}
+
+// routingError answers a path no route matches (404) or a method the path
+// does not take (405) with a google.rpc.Status like every other error.
+func routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	path := service.Clip(r.URL.Path)
+	var err error
+	switch httpStatus {
+	case http.StatusMethodNotAllowed:
+		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: service.StatusWithReason(codes.Unimplemented,
+			fmt.Sprintf("%s is not allowed on %s", r.Method, path), service.ReasonMethodNotAllowed).Err()}
+	case http.StatusNotFound:
+		err = service.StatusWithReason(codes.NotFound, fmt.Sprintf("no REST route for %s %s", r.Method, path), service.ReasonNotFound).Err()
+	default:
+		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: service.StatusWithReason(codes.InvalidArgument,
+			fmt.Sprintf("%s %s: %s", r.Method, path, http.StatusText(httpStatus)), service.ReasonInvalidArgument).Err()}
+	}
+	gatewayError(ctx, mux, m, w, r, err)
+}
+
+// strictJSON is the gateway's JSON marshaler, refusing data after the JSON
+// value of a body: `{"etag": "3"} {"etag": "4"}` is not one request.
+type strictJSON struct {
+	*runtime.JSONPb
+}
+
+// NewDecoder reads one JSON value and insists that nothing follows it.
+func (m *strictJSON) NewDecoder(r io.Reader) runtime.Decoder {
+	return runtime.DecoderFunc(func(v any) error {
+		dec := json.NewDecoder(r)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return err // io.EOF for an empty body, which the gateway accepts
+		}
+		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+			return errors.New("the body has data after its JSON value")
+		}
+		return m.JSONPb.Unmarshal(raw, v)
+	})
+}
+
+// strictQuery refuses query parameters that name no field of the request,
+// or a field the path or body already sets: a typo such as `etagg=3` must
+// not silently turn a conditional request into an unconditional one.
+type strictQuery struct{}
+
+// Parse checks every key, then populates like the gateway's default parser.
+func (strictQuery) Parse(msg proto.Message, values url.Values, filter *utilities.DoubleArray) error {
+	for key := range values {
+		path, ok := queryFieldPath(msg.ProtoReflect().Descriptor(), key)
+		if !ok {
+			return fmt.Errorf("unknown query parameter %q", service.Clip(key))
+		}
+		if filter.HasCommonPrefix(path) {
+			return fmt.Errorf("query parameter %q sets a field that the path or body sets", service.Clip(key))
+		}
+	}
+	return (&runtime.DefaultQueryParser{}).Parse(msg, values, filter)
+}
+
+// queryFieldPath resolves a query key (proto or JSON field names, dotted
+// through singular messages) to proto field names.
+func queryFieldPath(md protoreflect.MessageDescriptor, key string) ([]string, bool) {
+	var path []string
+	for _, name := range strings.Split(key, ".") {
+		if md == nil {
+			return nil, false
+		}
+		fd := md.Fields().ByTextName(name)
+		if fd == nil {
+			fd = md.Fields().ByJSONName(name)
+		}
+		if fd == nil {
+			return nil, false
+		}
+		path = append(path, string(fd.Name()))
+		md = nil
+		if fd.Message() != nil && !fd.IsList() && !fd.IsMap() {
+			md = fd.Message()
+		}
+	}
+	return path, len(path) > 0
+}
+
+// bodyOnlyRoutes lists the REST routes whose body is the whole request
+// (`body: "*"`), as "METHOD /path/template"; the gateway ignores query
+// parameters on them, so the server refuses them instead.
+func bodyOnlyRoutes() (map[string]bool, error) {
+	routes := map[string]bool{}
+	for _, name := range []protoreflect.FullName{
+		protoreflect.FullName(clv1.ClusterLifecycle_ServiceDesc.ServiceName),
+		protoreflect.FullName(clv1.Simulator_ServiceDesc.ServiceName),
+		protoreflect.FullName(longrunningpb.Operations_ServiceDesc.ServiceName),
+	} {
+		d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)
+		if err != nil {
+			return nil, fmt.Errorf("gateway routes of %s: %w", name, err)
+		}
+		methods := d.(protoreflect.ServiceDescriptor).Methods()
+		for i := range methods.Len() {
+			opts, _ := methods.Get(i).Options().(*descriptorpb.MethodOptions)
+			rule, _ := proto.GetExtension(opts, annotations.E_Http).(*annotations.HttpRule)
+			for _, r := range append([]*annotations.HttpRule{rule}, rule.GetAdditionalBindings()...) {
+				if method, path := httpRoute(r); r.GetBody() == "*" && method != "" {
+					routes[method+" "+path] = true
+				}
+			}
+		}
+	}
+	return routes, nil
+}
+
+// httpRoute is the method and path template of an HTTP rule.
+func httpRoute(r *annotations.HttpRule) (string, string) {
+	switch p := r.GetPattern().(type) {
+	case *annotations.HttpRule_Post:
+		return http.MethodPost, p.Post
+	case *annotations.HttpRule_Put:
+		return http.MethodPut, p.Put
+	case *annotations.HttpRule_Patch:
+		return http.MethodPatch, p.Patch
+	case *annotations.HttpRule_Delete:
+		return http.MethodDelete, p.Delete
+	case *annotations.HttpRule_Get:
+		return http.MethodGet, p.Get
+	}
+	return "", ""
+}
