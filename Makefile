@@ -12,7 +12,7 @@ GRPCURL_VERSION        := v1.9.4
 
 GO_PACKAGES := ./...
 
-.PHONY: all tools generate check-generated lint build run test mariadb bench clean
+.PHONY: all tools generate check-generated lint build run test fuzz mariadb bench clean
 
 all: lint build test
 
@@ -69,10 +69,18 @@ run: build
 mariadb:
 	@bash scripts/mariadb-setup.sh || echo "make test: MariaDB set-up failed; the MySQL half of the tests will be skipped (or fail under CI)" >&2
 
-## test: every test with the race detector, on SQLite and on MariaDB.
+## test: every test with the race detector, on SQLite and on MariaDB, then
+## a short run of every fuzz target.
 test: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/test.sh $(GO_PACKAGES)
+	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
+	  bash scripts/fuzz.sh
+
+## fuzz: every fuzz target for FUZZTIME each (default 8s).
+fuzz: mariadb
+	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
+	  bash scripts/fuzz.sh
 
 ## bench: benchmarks (ratios against a baseline measured in the same run).
 bench: mariadb

@@ -70,7 +70,7 @@ func (s *Server) gateway(ctx context.Context) error {
 		runtime.WithRoutingErrorHandler(routingError),
 		runtime.WithMiddlewares(func(next runtime.HandlerFunc) runtime.HandlerFunc {
 			return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
-				if pattern, ok := runtime.HTTPPathPattern(r.Context()); ok && r.URL.RawQuery != "" && bodyRoutes[r.Method+" "+pattern] {
+				if pattern, ok := runtime.HTTPPattern(r.Context()); ok && r.URL.RawQuery != "" && bodyRoutes[r.Method+" "+pattern.String()] {
 					writeError(mux, w, r, 0, &service.InvalidArgumentError{Violations: []service.FieldViolation{{
 						Field: "query", Description: fmt.Sprintf("%s %s takes every field in its JSON body, no query parameters", r.Method, pattern)}}})
 					return

@@ -12,7 +12,7 @@ import (
 )
 
 // wait blocks until the operation is done (bounded) and returns it.
-func (h *harness) wait(t *testing.T, op *longrunningpb.Operation) *longrunningpb.Operation {
+func (h *harness) wait(t testing.TB, op *longrunningpb.Operation) *longrunningpb.Operation {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -29,7 +29,7 @@ func (h *harness) wait(t *testing.T, op *longrunningpb.Operation) *longrunningpb
 }
 
 // create creates a cluster through the API and waits for it to be RUNNING.
-func (h *harness) create(t *testing.T, name string, workers int32) *clv1.Cluster {
+func (h *harness) create(t testing.TB, name string, workers int32) *clv1.Cluster {
 	t.Helper()
 	op, err := h.clients.clusters.CreateCluster(tctx(t), &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
 		DisplayName: name, KubernetesVersion: "1.30.2", WorkerNodeCount: workers, ServiceOffering: "medium",

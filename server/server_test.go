@@ -45,7 +45,7 @@ type harness struct {
 	stop func() error
 }
 
-func start(t *testing.T, b repotest.Backend, mutate ...func(*Config)) *harness {
+func start(t testing.TB, b repotest.Backend, mutate ...func(*Config)) *harness {
 	t.Helper()
 	dsn := b.NewDSN(t)
 	cfg := Config{
@@ -86,7 +86,13 @@ func start(t *testing.T, b repotest.Backend, mutate ...func(*Config)) *harness {
 	h.stop = func(inner func() error) func() error {
 		return func() error { stopped = true; return inner() }
 	}(h.stop)
-	h.conn, err = grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if cfg.AuthTokens != "" {
+		// With identities configured, the harness's own client is the admin
+		// of the test token file (accessTokens), so every helper sees all.
+		dial = append(dial, grpc.WithUnaryInterceptor(withBearer(tokenAdmin)), grpc.WithStreamInterceptor(withBearerStream(tokenAdmin)))
+	}
+	h.conn, err = grpc.NewClient(srv.GRPCAddr(), dial...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +114,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b repotest.Backend)) {
 	}
 }
 
-func tctx(t *testing.T) context.Context {
+func tctx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx

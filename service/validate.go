@@ -107,6 +107,7 @@ func (s *Clusters) validateCreate(req *clv1.CreateClusterRequest, account string
 		control = 1
 	}
 	limit := s.catalog.MaxClusterSize
+	controlOK := false
 	switch {
 	case control < 0:
 		v.add("cluster.control_node_count", "must be positive, got %d", control)
@@ -114,12 +115,16 @@ func (s *Clusters) validateCreate(req *clv1.CreateClusterRequest, account string
 		v.add("cluster.control_node_count", "must be at most the maximum cluster size %d, got %d", limit, control)
 	case control > 1 && control%2 == 0:
 		v.add("cluster.control_node_count", "must be odd (etcd quorum), got %d", control)
+	default:
+		controlOK = true
 	}
 	workers := cl.GetWorkerNodeCount()
 	switch {
 	case workers < 1:
 		v.add("cluster.worker_node_count", "must be at least 1, got %d", workers)
-	case sum(max(control, 0), workers) > int64(limit):
+	case workers > limit:
+		v.add("cluster.worker_node_count", "must be at most the maximum cluster size %d, got %d", limit, workers)
+	case controlOK && sum(control, workers) > int64(limit):
 		v.add("cluster.worker_node_count", "%d control + %d workers exceeds the maximum cluster size %d", control, workers, limit)
 	}
 	s.catalog.checkOffering(&v, "cluster.service_offering", cl.GetServiceOffering())

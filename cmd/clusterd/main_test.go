@@ -3,6 +3,8 @@ package main
 import (
 	"io"
 	"log/slog"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -49,6 +51,35 @@ func TestBadInputIsRefused(t *testing.T) {
 	} {
 		if _, _, err := parse(tc.args, func(k string) string { return tc.env[k] }, io.Discard); err == nil {
 			t.Errorf("parse(%v, %v) accepted bad input", tc.args, tc.env)
+		}
+	}
+}
+
+// TestStartupErrorsKeepSecrets: a start-up error names the database but
+// never its password, even when the DSN does not parse; a SQLite file in a
+// missing folder is reported as such.
+func TestStartupErrorsKeepSecrets(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no", "such", "folder")
+	for _, tc := range []struct {
+		database string
+		want     string
+	}{
+		{"mysql://clusterd:s3cret-pw@127.0.0.1:1/db", "127.0.0.1:1"},
+		{"mysql://clusterd:s3cret-pw@127.0.0.1:1/db%zz", "parse mysql DSN"},
+		{"mysql://clusterd:s3cret-pw@[::1/db", "parse mysql DSN"},
+		{"postgres://clusterd:s3cret-pw@127.0.0.1/db", "unsupported DSN"},
+		{"sqlite:" + filepath.Join(missing, "clusterd.db"), "the folder " + missing + " of the SQLite database"},
+	} {
+		var stderr strings.Builder
+		err := run([]string{"--database", tc.database, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, func(string) string { return "" }, &stderr)
+		if err == nil {
+			t.Fatalf("%s: started", tc.database)
+		}
+		if strings.Contains(err.Error()+stderr.String(), "s3cret") {
+			t.Errorf("%s: the password is in the error: %v %s", tc.database, err, stderr.String())
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %q does not say %q", tc.database, err, tc.want)
 		}
 	}
 }
