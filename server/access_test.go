@@ -233,12 +233,16 @@ func accessCases() []accessCase {
 			grpc: func(ctx context.Context, c grpcClients, fx fixture, _ int) (any, error) {
 				return c.sim.ListMachines(ctx, &clv1.ListMachinesRequest{Cluster: fx.cluster})
 			},
-			rest: func(fx fixture, _ int) (string, string, string) { return "GET", "/v1/simulator/machines?cluster=" + fx.cluster, "" }},
+			rest: func(fx fixture, _ int) (string, string, string) {
+				return "GET", "/v1/simulator/machines?cluster=" + fx.cluster, ""
+			}},
 		{rpc: "Simulator/CreateMachine", simulator: true,
 			grpc: func(ctx context.Context, c grpcClients, _ fixture, _ int) (any, error) {
 				return c.sim.CreateMachine(ctx, &clv1.CreateMachineRequest{Role: clv1.Node_EXTERNAL})
 			},
-			rest: func(fixture, int) (string, string, string) { return "POST", "/v1/simulator/machines", `{"role":"EXTERNAL"}` }},
+			rest: func(fixture, int) (string, string, string) {
+				return "POST", "/v1/simulator/machines", `{"role":"EXTERNAL"}`
+			}},
 		{rpc: "Simulator/SetMachinePower", simulator: true,
 			grpc: func(ctx context.Context, c grpcClients, fx fixture, _ int) (any, error) {
 				return c.sim.SetMachinePower(ctx, &clv1.SetMachinePowerRequest{Name: fx.worker, Power: clv1.Node_RUNNING})
@@ -263,7 +267,9 @@ func accessCases() []accessCase {
 			grpc: func(ctx context.Context, c grpcClients, _ fixture, _ int) (any, error) {
 				return c.sim.ReleaseHeld(ctx, &clv1.ReleaseHeldRequest{All: true})
 			},
-			rest: func(fixture, int) (string, string, string) { return "POST", "/v1/simulator/held:release", `{"all":true}` }},
+			rest: func(fixture, int) (string, string, string) {
+				return "POST", "/v1/simulator/held:release", `{"all":true}`
+			}},
 		{rpc: "Simulator/ClearFaults", simulator: true,
 			grpc: func(ctx context.Context, c grpcClients, _ fixture, _ int) (any, error) {
 				return c.sim.ClearFaults(ctx, &clv1.ClearFaultsRequest{})

@@ -155,7 +155,9 @@ func TestIdentity_MutualTLS(t *testing.T) {
 	_, _, teamA := p.issue(t, "team-a", pkix.Name{CommonName: "team-a", OrganizationalUnit: []string{"eng"}}, false)
 	_, _, teamB := p.issue(t, "team-b", pkix.Name{CommonName: "team-b"}, false)
 	_, _, ops := p.issue(t, "ops", pkix.Name{CommonName: "ops", OrganizationalUnit: []string{auth.AdminOU}}, false)
-	h := start(t, b, func(c *Config) { c.TLSCert, c.TLSKey, c.TLSClientCA = certFile, keyFile, filepath.Join(p.dir, "ca.pem") })
+	h := start(t, b, func(c *Config) {
+		c.TLSCert, c.TLSKey, c.TLSClientCA = certFile, keyFile, filepath.Join(p.dir, "ca.pem")
+	})
 	ctx := tctx(t)
 
 	asA := clv1.NewClusterLifecycleClient(tlsClient(t, p, h.srv.GRPCAddr(), &teamA))
