@@ -60,10 +60,9 @@ func (s *Store) GetJobByRequestID(ctx context.Context, requestID string) (Job, e
 
 // JobQuery selects a page of jobs in creation order.
 type JobQuery struct {
-	// ResourceID keeps only one cluster's jobs.
-	ResourceID string
-	// Done keeps only finished (true) or running (false) jobs.
-	Done *bool
+	// Where keeps the jobs it matches (a Filter on Job... fields); the zero
+	// Filter keeps all.
+	Where Filter
 	// After is the id of the last job of the previous page.
 	After string
 	// Limit is the page size; it must be positive.
@@ -75,17 +74,11 @@ func (s *Store) ListJobs(ctx context.Context, q JobQuery) ([]Job, error) {
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("list jobs: limit %d must be positive", q.Limit)
 	}
-	db := s.db.WithContext(ctx).Model(&jobRow{})
-	if q.ResourceID != "" {
-		db = db.Where("resource_id = ?", q.ResourceID)
+	where, args, err := q.Where.where(jobColumns)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
 	}
-	if q.Done != nil {
-		if *q.Done {
-			db = db.Where("status <> ?", string(JobInProgress))
-		} else {
-			db = db.Where("status = ?", string(JobInProgress))
-		}
-	}
+	db := s.db.WithContext(ctx).Model(&jobRow{}).Where("("+where+")", args...)
 	if q.After != "" {
 		db = db.Where("id > ?", q.After)
 	}

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +15,13 @@ import (
 	"github.com/go-openapi/loads"
 	"github.com/go-openapi/strfmt"
 	"github.com/go-openapi/validate"
+	"google.golang.org/grpc/codes"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 
 	"github.com/clusterd/clusterd/infra/sim"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
@@ -170,4 +177,61 @@ func TestRESTWaitOperation(t *testing.T) {
 func fmtJSON(v any) string {
 	raw, _ := json.Marshal(v)
 	return string(raw)
+}
+
+// TestListFilters lists through the API with AIP-160 filters: OR, NOT,
+// parentheses, times, and a precise INVALID_ARGUMENT for a mistake.
+func TestListFilters(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		h := start(t, b)
+		ctx := tctx(t)
+		web := h.seedRunning(t, "web")
+		db := h.seedRunning(t, "db")
+		h.seedRunning(t, "cache")
+		if _, err := h.seed.Transition(ctx, repository.Transition{ClusterID: db.ID, Expect: db.Expect(), Event: lifecycle.StopRequested, Operation: "op"}); err != nil {
+			t.Fatal(err)
+		}
+		stopping, _ := h.seed.GetCluster(ctx, db.ID)
+		if _, err := h.seed.Transition(ctx, repository.Transition{ClusterID: db.ID, Expect: stopping.Expect(), Event: lifecycle.OperationSucceeded}); err != nil {
+			t.Fatal(err)
+		}
+		names := func(filter string) []string {
+			t.Helper()
+			resp, err := h.clients.clusters.ListClusters(ctx, &clv1.ListClustersRequest{Filter: filter})
+			if err != nil {
+				t.Fatalf("ListClusters(%q): %v", filter, err)
+			}
+			var out []string
+			for _, c := range resp.GetClusters() {
+				out = append(out, c.GetDisplayName())
+			}
+			return out
+		}
+		since := web.CreateTime.Format(time.RFC3339Nano)
+		for filter, want := range map[string][]string{
+			"state = RUNNING OR state = STOPPED":                             {"web", "db", "cache"},
+			"state = STOPPED OR display_name = cache":                        {"db", "cache"},
+			"NOT state = STOPPED":                                            {"web", "cache"},
+			`(display_name = web OR display_name = db) AND state != RUNNING`: {"db"},
+			`create_time > "` + since + `"`:                                  {"db", "cache"},
+			`create_time > "` + since + `" AND -display_name = db`:           {"cache"},
+		} {
+			if got := names(filter); !slices.Equal(got, want) {
+				t.Errorf("filter %q = %v; want %v", filter, got, want)
+			}
+		}
+
+		_, err := h.clients.clusters.ListClusters(ctx, &clv1.ListClustersRequest{Filter: "state = RUNNING OR state = SIDEWAYS"})
+		code, reason, br := errorInfo(t, err)
+		if code != codes.InvalidArgument || reason != "INVALID_ARGUMENT" || br == nil || br.GetFieldViolations()[0].GetField() != "filter" ||
+			!strings.Contains(br.GetFieldViolations()[0].GetDescription(), `"SIDEWAYS" is not a state`) ||
+			!strings.Contains(br.GetFieldViolations()[0].GetDescription(), "column 28") {
+			t.Errorf("bad state in a filter: %v %s %v; want INVALID_ARGUMENT on filter naming SIDEWAYS at column 28", code, reason, br)
+		}
+
+		status, body := h.restCall(t, "GET", "/v1/operations?filter="+url.QueryEscape(`verb = create AND (done = true OR cluster = "clusters/`+web.ID+`")`), nil)
+		if ops, _ := body["operations"].([]any); status != http.StatusOK || len(ops) != 3 {
+			t.Errorf("GET /v1/operations with an OR filter = %d %v; want the 3 creates", status, body)
+		}
+	})
 }

@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"time"
 
@@ -66,11 +65,9 @@ func (o *Operations) GetOperation(ctx context.Context, req *longrunningpb.GetOpe
 	return toOperation(j)
 }
 
-// operationFilterFields are the fields ListOperations can filter on.
-var operationFilterFields = []string{"cluster", "done"}
-
-// ListOperations lists operations in creation order, optionally of one
-// cluster (`cluster = "clusters/{uuid}"`) and by completion (`done = false`).
+// ListOperations lists operations in creation order, filtered per AIP-160
+// on cluster (`cluster = "clusters/{uuid}"`), done, verb, create_time and
+// update_time.
 func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.ListOperationsRequest) (*longrunningpb.ListOperationsResponse, error) {
 	if n := req.GetName(); n != "" && n != "operations" {
 		return nil, invalid("name", "must be empty or \"operations\", got %q", n)
@@ -79,25 +76,11 @@ func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.List
 	if err != nil {
 		return nil, err
 	}
-	terms, err := parseFilter("filter", req.GetFilter(), operationFilterFields...)
+	filter, err := parseFilter("filter", req.GetFilter(), operationFilter)
 	if err != nil {
 		return nil, err
 	}
-	q := repository.JobQuery{Limit: size + 1}
-	for _, t := range terms {
-		switch t.Field {
-		case "cluster":
-			if q.ResourceID, err = parseName("filter", t.Value, clusterPrefix); err != nil {
-				return nil, err
-			}
-		case "done":
-			done, perr := strconv.ParseBool(t.Value)
-			if perr != nil {
-				return nil, invalid("filter", "done must be true or false, got %q", t.Value)
-			}
-			q.Done = &done
-		}
-	}
+	q := repository.JobQuery{Where: filter.Where, Limit: size + 1}
 	query := "operations?" + req.GetFilter()
 	if q.After, err = decodePageToken("page_token", req.GetPageToken(), query); err != nil {
 		return nil, err

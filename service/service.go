@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -144,36 +143,20 @@ func (s *Clusters) GetCluster(ctx context.Context, req *clv1.GetClusterRequest) 
 	return out[0], nil
 }
 
-// clusterFilterFields are the fields ListClusters can filter on.
-var clusterFilterFields = []string{"state", "display_name", "account"}
-
-// ListClusters returns a page of clusters in creation order.
+// ListClusters returns a page of clusters in creation order. DESTROYED
+// clusters are listed only when the filter names the state.
 func (s *Clusters) ListClusters(ctx context.Context, req *clv1.ListClustersRequest) (*clv1.ListClustersResponse, error) {
 	size, err := pageSize("page_size", req.GetPageSize())
 	if err != nil {
 		return nil, err
 	}
-	terms, err := parseFilter("filter", req.GetFilter(), clusterFilterFields...)
+	filter, err := parseFilter("filter", req.GetFilter(), clusterFilter)
 	if err != nil {
 		return nil, err
 	}
-	q := repository.ClusterQuery{Limit: size + 1}
-	for _, t := range terms {
-		switch t.Field {
-		case "state":
-			st, err := lifecycle.ParseState(strings.ToUpper(t.Value))
-			if err != nil {
-				return nil, invalid("filter", "unknown state %q", t.Value)
-			}
-			q.States = append(q.States, st)
-		case "display_name":
-			q.DisplayName = t.Value
-		case "account":
-			q.Account = t.Value
-		}
-	}
-	if len(q.States) > 1 {
-		return nil, invalid("filter", "state can be given once")
+	q := repository.ClusterQuery{Where: filter.Where, Limit: size + 1}
+	if !filter.Uses["state"] {
+		q.Where = repository.And(q.Where, repository.Compare(repository.ClusterState, repository.Ne, lifecycle.Destroyed))
 	}
 	if q.After, err = decodePageToken("page_token", req.GetPageToken(), "clusters?"+req.GetFilter()); err != nil {
 		return nil, err

@@ -796,8 +796,14 @@ type ListClustersRequest struct {
 	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of a previous call with the same filter.
 	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	// Conditions joined by AND: `state = RUNNING`, `display_name = "web"`,
-	// `account = "team-a"`.
+	// An AIP-160 filter on state, display_name, account, create_time and
+	// update_time: comparisons joined by AND, OR, NOT (or -) and parentheses,
+	// with `=` and `!=`, and `<`, `<=`, `>`, `>=` on the times (quoted RFC 3339),
+	// e.g. `state = RUNNING OR state = STOPPED`,
+	// `display_name = "web-1" AND create_time > "2026-01-02T15:04:05Z"`.
+	// As AIP-160 says, OR binds tighter than AND. DESTROYED clusters are listed
+	// only when the filter names the state. A mistake is INVALID_ARGUMENT with a
+	// BadRequest on `filter` naming the column at fault.
 	Filter        string `protobuf:"bytes,3,opt,name=filter,proto3" json:"filter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
