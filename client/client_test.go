@@ -2,9 +2,16 @@ package client_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"os/exec"
 	"strings"
@@ -16,6 +23,7 @@ import (
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -260,32 +268,91 @@ func TestFieldViolations(t *testing.T) {
 	}
 }
 
-// TestCredentials checks what WithToken and WithAccount put on the wire.
-func TestCredentials(t *testing.T) {
+// recorder is a gRPC server that answers every call UNIMPLEMENTED and hands
+// over the metadata it received.
+func recorder(t *testing.T, opts ...grpc.ServerOption) (string, <-chan metadata.MD) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	seen := make(chan metadata.MD, 1)
-	srv := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
+	srv := grpc.NewServer(append(opts, grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
 		md, _ := metadata.FromIncomingContext(stream.Context())
 		seen <- md
 		return status.Error(codes.Unimplemented, "recorder")
-	}))
+	}))...)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
+	return lis.Addr().String(), seen
+}
 
-	c, err := client.New(lis.Addr().String(), client.WithToken("s3cret"), client.WithAccount("team-a"))
+// TestCredentials checks what WithToken and WithAccount put on the wire.
+func TestCredentials(t *testing.T) {
+	addr, seen := recorder(t)
+	c, err := client.New(addr, client.WithToken("s3cret"), client.WithAccount("team-a"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_, _ = c.Clusters.GetCluster(tctx(t), &clv1.GetClusterRequest{Name: "clusters/x"})
+	_, err = c.Clusters.GetCluster(tctx(t), &clv1.GetClusterRequest{Name: "clusters/x"})
+	if client.Code(err) != codes.Unimplemented {
+		t.Fatalf("call = %v; want the recorder's UNIMPLEMENTED", err)
+	}
 	md := <-seen
 	if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer s3cret" {
 		t.Errorf("authorization = %v; want [Bearer s3cret]", got)
 	}
 	if got := md.Get(client.AccountHeader); len(got) != 1 || got[0] != "team-a" {
 		t.Errorf("%s = %v; want [team-a]", client.AccountHeader, got)
+	}
+}
+
+// TestTLS connects over TLS to a server whose certificate the caller trusts,
+// with a token, and refuses one it does not trust.
+func TestTLS(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "clusterd test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverTLS := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
+	addr, seen := recorder(t, grpc.Creds(credentials.NewTLS(serverTLS)))
+
+	roots := x509.NewCertPool()
+	roots.AddCert(cert)
+	c, err := client.New(addr, client.WithTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}), client.WithToken("s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.Clusters.GetCluster(tctx(t), &clv1.GetClusterRequest{Name: "clusters/x"})
+	if client.Code(err) != codes.Unimplemented {
+		t.Fatalf("call over TLS = %v; want the recorder's UNIMPLEMENTED", err)
+	}
+	if got := (<-seen).Get("authorization"); len(got) != 1 || got[0] != "Bearer s3cret" {
+		t.Errorf("authorization over TLS = %v", got)
+	}
+
+	untrusting, err := client.New(addr, client.WithTLS(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer untrusting.Close()
+	if _, err := untrusting.Clusters.GetCluster(tctx(t), &clv1.GetClusterRequest{Name: "clusters/x"}); client.Code(err) != codes.Unavailable {
+		t.Errorf("call to an untrusted certificate = %v; want UNAVAILABLE (handshake refused)", err)
 	}
 }
