@@ -27,8 +27,13 @@ func TestListFilters(t *testing.T) {
 				now = now.Add(time.Second)
 				return now
 			}
-			s := repotest.Open(t, b, repository.WithClock(clock))
+			dsn := b.NewDSN(t)
 			ctx := ctxT(t)
+			s, err := repository.Open(ctx, dsn, repository.WithClock(clock))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
 
 			// web-1 RUNNING (acme), web-2 CREATED (acme), db STOPPED (other),
 			// "x' OR 1=1 --" CREATED (acme).
@@ -98,6 +103,10 @@ func TestListFilters(t *testing.T) {
 				t.Errorf("OR filter after web-1, 2 per page = %v, %v; want web-2, odd", page, err)
 			}
 
+			// A job of a server that predates resource_id: NULL, not ''.
+			repotest.Exec(t, dsn, "INSERT INTO jobs (id, kind, resource_id, server_id, server_incarnation, status, params, result, error, deadline, create_time, update_time) "+
+				"VALUES (?, 'stop', NULL, 'old', '', 'SUCCEEDED', '', '', '', ?, ?, ?)", "legacy-job", now, now, now)
+
 			jobs := []struct {
 				name  string
 				where repository.Filter
@@ -107,7 +116,10 @@ func TestListFilters(t *testing.T) {
 				{"done jobs of web-2", repository.And(eq(repository.JobCluster, web2.ID), eq(repository.JobDone, true)), 0},
 				{"done != false", repository.And(eq(repository.JobCluster, web1.ID), repository.Compare(repository.JobDone, repository.Ne, false)), 1},
 				{"kind", eq(repository.JobKind, "create"), 5},
-				{"not of a cluster", repository.Not(eq(repository.JobCluster, web2.ID)), 4},
+				// NULL resource ids must not vanish from != and NOT.
+				{"not of a cluster", repository.Not(eq(repository.JobCluster, web2.ID)), 5},
+				{"!= a cluster", repository.Compare(repository.JobCluster, repository.Ne, web2.ID), 5},
+				{"of no cluster", eq(repository.JobCluster, ""), 1},
 				{"created before web-2's job", repository.Compare(repository.JobCreateTime, repository.Lt, web2Job.CreateTime), 1},
 			}
 			for _, tc := range jobs {
