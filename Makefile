@@ -12,7 +12,7 @@ GRPCURL_VERSION        := v1.9.4
 
 GO_PACKAGES := ./...
 
-.PHONY: all tools generate check-generated lint build run test fuzz mariadb bench clean
+.PHONY: all tools generate check-generated lint build run test fuzz mariadb bench clean clients
 
 all: lint build test
 
@@ -70,17 +70,25 @@ mariadb:
 	@bash scripts/mariadb-setup.sh || echo "make test: MariaDB set-up failed; the MySQL half of the tests will be skipped (or fail under CI)" >&2
 
 ## test: every test with the race detector, on SQLite and on MariaDB, then
-## a short run of every fuzz target.
+## a short run of every fuzz target, then the example clients against
+## bin/clusterd.
 test: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/test.sh $(GO_PACKAGES)
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/fuzz.sh
+	$(MAKE) --no-print-directory clients
 
 ## fuzz: every fuzz target for FUZZTIME each (default 8s).
 fuzz: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/fuzz.sh
+
+## clients: install what the example clients need (Debian packages, npm ci),
+## generate their code, build them and run each (Go, Java, TypeScript,
+## Python) against a fresh bin/clusterd.
+clients: build tools
+	bash scripts/clients.sh
 
 ## bench: benchmarks (ratios against a baseline measured in the same run).
 bench: mariadb
@@ -88,4 +96,4 @@ bench: mariadb
 	  go test -run '^$$' -bench . -benchtime 2s $(GO_PACKAGES)
 
 clean:
-	rm -rf bin clusterd.db clusterd.db-wal clusterd.db-shm
+	rm -rf bin clusterd.db clusterd.db-wal clusterd.db-shm clients/*/gen clients/java/build clients/typescript/dist

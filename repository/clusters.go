@@ -147,13 +147,12 @@ func (s *Store) GetCluster(ctx context.Context, id string) (Cluster, error) {
 
 // ClusterQuery selects a page of clusters in creation order.
 type ClusterQuery struct {
-	// States keeps only clusters in one of these states; empty keeps all but
-	// DESTROYED ones (list DESTROYED explicitly to see them).
-	States []lifecycle.State
-	// Account keeps only one account's clusters (a caller's scope, or a
-	// filter); empty keeps every account's.
-	Account     string
-	DisplayName string
+	// Where keeps the clusters it matches (a Filter on Cluster... fields);
+	// the zero Filter keeps all, DESTROYED ones included.
+	Where Filter
+	// Account, when set, keeps only that account's clusters whatever Where
+	// says: the caller's scope.
+	Account string
 	// After is the id of the last cluster of the previous page.
 	After string
 	// Limit is the page size; it must be positive.
@@ -165,21 +164,13 @@ func (s *Store) ListClusters(ctx context.Context, q ClusterQuery) ([]Cluster, er
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("list clusters: limit %d must be positive", q.Limit)
 	}
-	db := s.db.WithContext(ctx).Model(&clusterRow{})
-	if len(q.States) > 0 {
-		names := make([]string, len(q.States))
-		for i, st := range q.States {
-			names[i] = st.String()
-		}
-		db = db.Where("state IN ?", names)
-	} else {
-		db = db.Where("state <> ?", lifecycle.Destroyed.String())
+	where, args, err := q.Where.where(clusterColumns)
+	if err != nil {
+		return nil, fmt.Errorf("list clusters: %w", err)
 	}
+	db := s.db.WithContext(ctx).Model(&clusterRow{}).Where("("+where+")", args...)
 	if q.Account != "" {
 		db = db.Where("account = ?", q.Account)
-	}
-	if q.DisplayName != "" {
-		db = db.Where("display_name = ?", q.DisplayName)
 	}
 	if q.After != "" {
 		db = db.Where("id > ?", q.After)

@@ -269,7 +269,7 @@ func TestClaimRace(t *testing.T) {
 			if wins.Load() != 1 {
 				t.Fatalf("round %d: %d winners; want exactly 1", round, wins.Load())
 			}
-			jobs, err := s.ListJobs(ctx, repository.JobQuery{ResourceID: c.ID, Done: ptr(false), Limit: 100})
+			jobs, err := s.ListJobs(ctx, repository.JobQuery{Where: inProgressOf(c.ID), Limit: 100})
 			if err != nil || len(jobs) != 1 {
 				t.Fatalf("round %d: %d jobs in progress, %v; want exactly 1", round, len(jobs), err)
 			}
@@ -282,7 +282,11 @@ func TestClaimRace(t *testing.T) {
 	})
 }
 
-func ptr[T any](v T) *T { return &v }
+// inProgressOf matches the running jobs of one cluster.
+func inProgressOf(clusterID string) repository.Filter {
+	return repository.And(repository.Compare(repository.JobCluster, repository.Eq, clusterID),
+		repository.Compare(repository.JobDone, repository.Eq, false))
+}
 
 func TestClaimFailingMidwayWritesNothing(t *testing.T) {
 	// The job insert fails (its request id is taken) after the cluster row was
@@ -305,7 +309,7 @@ func TestClaimFailingMidwayWritesNothing(t *testing.T) {
 		if after.Expect() != c.Expect() {
 			t.Errorf("failed claim moved the cluster: %v -> %v", c.Expect(), after.Expect())
 		}
-		jobs, _ := s.ListJobs(ctx, repository.JobQuery{ResourceID: c.ID, Done: ptr(false), Limit: 10})
+		jobs, _ := s.ListJobs(ctx, repository.JobQuery{Where: inProgressOf(c.ID), Limit: 10})
 		if len(jobs) != 0 {
 			t.Errorf("failed claim left %d jobs in progress", len(jobs))
 		}
@@ -542,7 +546,7 @@ func TestListClustersPagesAndFilters(t *testing.T) {
 		var got []string
 		after := ""
 		for {
-			page, err := s.ListClusters(ctx, repository.ClusterQuery{States: []lifecycle.State{lifecycle.Running}, After: after, Limit: 2})
+			page, err := s.ListClusters(ctx, repository.ClusterQuery{Where: repository.Compare(repository.ClusterState, repository.Eq, lifecycle.Running), After: after, Limit: 2})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -561,7 +565,7 @@ func TestListClustersPagesAndFilters(t *testing.T) {
 		if len(all) != 6 || all[5].ID != held.ID {
 			t.Errorf("all clusters = %d, last %v; want 6, last the CREATED one", len(all), all[len(all)-1].ID)
 		}
-		byName, _ := s.ListClusters(ctx, repository.ClusterQuery{DisplayName: "c3", Limit: 100})
+		byName, _ := s.ListClusters(ctx, repository.ClusterQuery{Where: repository.Compare(repository.ClusterDisplayName, repository.Eq, "c3"), Limit: 100})
 		if len(byName) != 1 || byName[0].ID != ids[3] {
 			t.Errorf("display_name c3 = %+v", byName)
 		}

@@ -63,13 +63,12 @@ func (s *Store) GetJobByRequestID(ctx context.Context, account, requestID string
 
 // JobQuery selects a page of jobs in creation order.
 type JobQuery struct {
-	// Account keeps only one account's jobs (a caller's scope); empty keeps
-	// every account's.
+	// Where keeps the jobs it matches (a Filter on Job... fields); the zero
+	// Filter keeps all.
+	Where Filter
+	// Account, when set, keeps only that account's jobs whatever Where says:
+	// the caller's scope.
 	Account string
-	// ResourceID keeps only one cluster's jobs.
-	ResourceID string
-	// Done keeps only finished (true) or running (false) jobs.
-	Done *bool
 	// After is the id of the last job of the previous page.
 	After string
 	// Limit is the page size; it must be positive.
@@ -81,19 +80,13 @@ func (s *Store) ListJobs(ctx context.Context, q JobQuery) ([]Job, error) {
 	if q.Limit <= 0 {
 		return nil, fmt.Errorf("list jobs: limit %d must be positive", q.Limit)
 	}
-	db := s.db.WithContext(ctx).Model(&jobRow{})
+	where, args, err := q.Where.where(jobColumns)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	db := s.db.WithContext(ctx).Model(&jobRow{}).Where("("+where+")", args...)
 	if q.Account != "" {
 		db = db.Where("account = ?", q.Account)
-	}
-	if q.ResourceID != "" {
-		db = db.Where("resource_id = ?", q.ResourceID)
-	}
-	if q.Done != nil {
-		if *q.Done {
-			db = db.Where("status <> ?", string(JobInProgress))
-		} else {
-			db = db.Where("status = ?", string(JobInProgress))
-		}
 	}
 	if q.After != "" {
 		db = db.Where("id > ?", q.After)

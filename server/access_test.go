@@ -143,10 +143,10 @@ func accessCases() []accessCase {
 			rest: func(fixture, int) (string, string, string) { return "GET", "/v1/clusters?pageSize=1000", "" }},
 		{rpc: "ListClusters filtered on team-a", owner: codes.OK, admin: codes.OK, listsClusters: true,
 			grpc: func(ctx context.Context, c grpcClients, _ fixture, _ int) (any, error) {
-				return c.clusters.ListClusters(ctx, &clv1.ListClustersRequest{PageSize: 1000, Filter: "account = team-a"})
+				return c.clusters.ListClusters(ctx, &clv1.ListClustersRequest{PageSize: 1000, Filter: `account = "team-a"`})
 			},
 			rest: func(fixture, int) (string, string, string) {
-				return "GET", "/v1/clusters?pageSize=1000&filter=account%20%3D%20team-a", ""
+				return "GET", "/v1/clusters?pageSize=1000&filter=account%20%3D%20%22team-a%22", ""
 			}},
 		// The fixture is RUNNING: the owner and the admin get past the
 		// account check to the state machine's refusal.
@@ -218,6 +218,9 @@ func accessCases() []accessCase {
 		{rpc: "WaitOperation", owner: codes.OK, admin: codes.OK,
 			grpc: func(ctx context.Context, c grpcClients, fx fixture, _ int) (any, error) {
 				return c.ops.WaitOperation(ctx, &longrunningpb.WaitOperationRequest{Name: fx.op, Timeout: durationpb.New(time.Second)})
+			},
+			rest: func(fx fixture, _ int) (string, string, string) {
+				return "POST", "/v1/" + fx.op + ":wait", `{"timeout":"1s"}`
 			}},
 		{rpc: "CancelOperation", owner: codes.OK, admin: codes.OK,
 			grpc: func(ctx context.Context, c grpcClients, fx fixture, _ int) (any, error) {

@@ -10,14 +10,13 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
-	"google.golang.org/genproto/googleapis/api/annotations"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -25,8 +24,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/clusterd/clusterd/auth"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
@@ -53,7 +50,7 @@ func (s *Server) gateway(ctx context.Context) error {
 		return fmt.Errorf("gateway connection: %w", err)
 	}
 	s.conn = conn
-	bodyRoutes, err := bodyOnlyRoutes()
+	queryFree, err := queryFreeRoutes()
 	if err != nil {
 		return err
 	}
@@ -70,9 +67,9 @@ func (s *Server) gateway(ctx context.Context) error {
 		runtime.WithRoutingErrorHandler(routingError),
 		runtime.WithMiddlewares(func(next runtime.HandlerFunc) runtime.HandlerFunc {
 			return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
-				if pattern, ok := runtime.HTTPPattern(r.Context()); ok && r.URL.RawQuery != "" && bodyRoutes[r.Method+" "+pattern.String()] {
+				if pattern, ok := runtime.HTTPPattern(r.Context()); ok && r.URL.RawQuery != "" && queryFree[routeKey(r.Method, pattern)] {
 					writeError(mux, w, r, 0, &service.InvalidArgumentError{Violations: []service.FieldViolation{{
-						Field: "query", Description: fmt.Sprintf("%s %s takes every field in its JSON body, no query parameters", r.Method, pattern)}}})
+						Field: "query", Description: fmt.Sprintf("%s %s takes no query parameters (send fields in the JSON body)", r.Method, pattern)}}})
 					return
 				}
 				next(w, r, params)
@@ -301,47 +298,45 @@ func queryFieldPath(md protoreflect.MessageDescriptor, key string) ([]string, bo
 	return path, len(path) > 0
 }
 
-// bodyOnlyRoutes lists the REST routes whose body is the whole request
-// (`body: "*"`), as "METHOD /path/template"; the gateway ignores query
-// parameters on them, so the server refuses them instead.
-func bodyOnlyRoutes() (map[string]bool, error) {
+// queryFreeRoutes lists the REST routes that take no query parameter, from
+// the OpenAPI document (generated from the same HTTP bindings as the
+// gateway), as routeKey spells them. The gateway ignores a query on a route
+// whose body is the whole request; the server refuses it instead.
+func queryFreeRoutes() (map[string]bool, error) {
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Parameters []struct {
+				In string `json:"in"`
+			} `json:"parameters"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal(openapiv2.JSON, &doc); err != nil {
+		return nil, fmt.Errorf("gateway routes: the OpenAPI document: %w", err)
+	}
 	routes := map[string]bool{}
-	for _, name := range []protoreflect.FullName{
-		protoreflect.FullName(clv1.ClusterLifecycle_ServiceDesc.ServiceName),
-		protoreflect.FullName(clv1.Simulator_ServiceDesc.ServiceName),
-		protoreflect.FullName(longrunningpb.Operations_ServiceDesc.ServiceName),
-	} {
-		d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)
-		if err != nil {
-			return nil, fmt.Errorf("gateway routes of %s: %w", name, err)
-		}
-		methods := d.(protoreflect.ServiceDescriptor).Methods()
-		for i := range methods.Len() {
-			opts, _ := methods.Get(i).Options().(*descriptorpb.MethodOptions)
-			rule, _ := proto.GetExtension(opts, annotations.E_Http).(*annotations.HttpRule)
-			for _, r := range append([]*annotations.HttpRule{rule}, rule.GetAdditionalBindings()...) {
-				if method, path := httpRoute(r); r.GetBody() == "*" && method != "" {
-					routes[method+" "+path] = true
-				}
+	for path, methods := range doc.Paths {
+		for method, op := range methods {
+			query := false
+			for _, p := range op.Parameters {
+				query = query || p.In == "query"
+			}
+			if !query {
+				routes[strings.ToUpper(method)+" "+templateVar.ReplaceAllString(path, "*")] = true
 			}
 		}
 	}
 	return routes, nil
 }
 
-// httpRoute is the method and path template of an HTTP rule.
-func httpRoute(r *annotations.HttpRule) (string, string) {
-	switch p := r.GetPattern().(type) {
-	case *annotations.HttpRule_Post:
-		return http.MethodPost, p.Post
-	case *annotations.HttpRule_Put:
-		return http.MethodPut, p.Put
-	case *annotations.HttpRule_Patch:
-		return http.MethodPatch, p.Patch
-	case *annotations.HttpRule_Delete:
-		return http.MethodDelete, p.Delete
-	case *annotations.HttpRule_Get:
-		return http.MethodGet, p.Get
-	}
-	return "", ""
+// templateVar is a path variable of an OpenAPI path ({cluster}); boundVar
+// one of a gateway pattern ({name=clusters/*}), whose template is kept.
+var (
+	templateVar = regexp.MustCompile(`\{[^}=]*\}`)
+	boundVar    = regexp.MustCompile(`\{[^}=]*=([^}]*)\}`)
+)
+
+// routeKey spells a matched route as queryFreeRoutes does:
+// "POST /v1/clusters/*:stop".
+func routeKey(method string, p runtime.Pattern) string {
+	return method + " " + boundVar.ReplaceAllString(p.String(), "$1")
 }

@@ -168,6 +168,24 @@ func TestHardening_REST(t *testing.T) {
 				}
 			})
 		}
+		// Every route that takes no query parameter refuses one, whatever
+		// its body: the gateway would ignore it.
+		routes, err := queryFreeRoutes()
+		if err != nil || len(routes) < 10 {
+			t.Fatalf("routes without query parameters: %d, %v", len(routes), err)
+		}
+		for route := range routes {
+			method, path, _ := strings.Cut(route, " ")
+			path = strings.ReplaceAll(path, "*", "0192f0c1-7a3e-7000-8000-000000000000") + "?x=1"
+			before := vSnapshot(t, h)
+			code, out, _ := restCall(t, h, method, path, strings.NewReader("{}"), "Authorization", "Bearer "+tokenAdmin)
+			if info := vDetail(out, "google.rpc.ErrorInfo"); code != http.StatusBadRequest || info == nil || info["reason"] != service.ReasonInvalidArgument {
+				t.Errorf("%s %s: %d %v; want 400 INVALID_ARGUMENT", method, path, code, out)
+			}
+			if d := vDiff(before, vSnapshot(t, h)); d != "" {
+				t.Errorf("%s %s changed the world:\n%s", method, path, d)
+			}
+		}
 		// The typo'd conditional stop really was refused: the right field works.
 		code, out, _ := restCall(t, h, "POST", stop, strings.NewReader(`{"etag":"`+c.GetEtag()+`"}`))
 		if code != http.StatusOK {

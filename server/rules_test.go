@@ -237,7 +237,7 @@ func worker(t *testing.T, c *clv1.Cluster) string {
 
 func (r *rig) jobs(cluster string) []repository.Job {
 	r.t.Helper()
-	js, err := r.seed.ListJobs(r.ctx, repository.JobQuery{ResourceID: clusterUUID(cluster), Limit: 10000})
+	js, err := r.seed.ListJobs(r.ctx, repository.JobQuery{Where: repository.Compare(repository.JobCluster, repository.Eq, clusterUUID(cluster)), Limit: 10000})
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -127,7 +127,9 @@ func (h *harness) seedRunning(t *testing.T, name string) repository.Cluster {
 	ctx := tctx(t)
 	c, j, err := h.seed.CreateCluster(ctx, repository.NewCluster{Account: "acme", DisplayName: name,
 		Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 2, ServiceOffering: "medium"}},
-		repository.NewJob{Kind: "create", ServerID: "test-server", Deadline: time.Now().Add(time.Hour)})
+		// The server's own incarnation: the scanner must not take the job
+		// for one of an earlier incarnation of test-server and fail it.
+		repository.NewJob{Kind: "create", ServerID: "test-server", ServerIncarnation: h.srv.self.Incarnation, Deadline: time.Now().Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"time"
 
@@ -83,11 +82,9 @@ func (o *Operations) visibleJob(ctx context.Context, name string) (repository.Jo
 	return j, nil
 }
 
-// operationFilterFields are the fields ListOperations can filter on.
-var operationFilterFields = []string{"cluster", "done"}
-
-// ListOperations lists operations in creation order, optionally of one
-// cluster (`cluster = "clusters/{uuid}"`) and by completion (`done = false`).
+// ListOperations lists operations in creation order, filtered per AIP-160
+// on cluster (`cluster = "clusters/{uuid}"`), done, verb, create_time and
+// update_time.
 func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.ListOperationsRequest) (*longrunningpb.ListOperationsResponse, error) {
 	who, err := caller(ctx)
 	if err != nil {
@@ -100,25 +97,11 @@ func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.List
 	if err != nil {
 		return nil, err
 	}
-	terms, err := parseFilter("filter", req.GetFilter(), operationFilterFields...)
+	filter, err := parseFilter("filter", req.GetFilter(), operationFilter)
 	if err != nil {
 		return nil, err
 	}
-	q := repository.JobQuery{Account: who.Scope(), Limit: size + 1}
-	for _, t := range terms {
-		switch t.Field {
-		case "cluster":
-			if q.ResourceID, err = parseName("filter", t.Value, clusterPrefix); err != nil {
-				return nil, err
-			}
-		case "done":
-			done, perr := strconv.ParseBool(t.Value)
-			if perr != nil {
-				return nil, invalid("filter", "done must be true or false, got %q", Clip(t.Value))
-			}
-			q.Done = &done
-		}
-	}
+	q := repository.JobQuery{Where: filter.Where, Account: who.Scope(), Limit: size + 1}
 	query := "operations?" + req.GetFilter()
 	if q.After, err = decodePageToken("page_token", req.GetPageToken(), query); err != nil {
 		return nil, err

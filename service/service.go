@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -161,10 +160,9 @@ func (s *Clusters) visibleCluster(ctx context.Context, field, name string) (repo
 	return c, nil
 }
 
-// clusterFilterFields are the fields ListClusters can filter on.
-var clusterFilterFields = []string{"state", "display_name", "account"}
-
-// ListClusters returns a page of clusters in creation order.
+// ListClusters returns a page of the clusters the caller may see, in
+// creation order. DESTROYED clusters are listed only when the filter names
+// the state.
 func (s *Clusters) ListClusters(ctx context.Context, req *clv1.ListClustersRequest) (*clv1.ListClustersResponse, error) {
 	who, err := caller(ctx)
 	if err != nil {
@@ -174,37 +172,16 @@ func (s *Clusters) ListClusters(ctx context.Context, req *clv1.ListClustersReque
 	if err != nil {
 		return nil, err
 	}
-	terms, err := parseFilter("filter", req.GetFilter(), clusterFilterFields...)
+	filter, err := parseFilter("filter", req.GetFilter(), clusterFilter)
 	if err != nil {
 		return nil, err
 	}
-	q := repository.ClusterQuery{Limit: size + 1}
-	for _, t := range terms {
-		switch t.Field {
-		case "state":
-			st, err := lifecycle.ParseState(strings.ToUpper(t.Value))
-			if err != nil {
-				return nil, invalid("filter", "unknown state %q", Clip(t.Value))
-			}
-			q.States = append(q.States, st)
-		case "display_name":
-			q.DisplayName = t.Value
-		case "account":
-			q.Account = t.Value
-		}
-	}
-	if len(q.States) > 1 {
-		return nil, invalid("filter", "state can be given once")
+	q := repository.ClusterQuery{Where: filter.Where, Account: who.Scope(), Limit: size + 1}
+	if !filter.Uses["state"] {
+		q.Where = repository.And(q.Where, repository.Compare(repository.ClusterState, repository.Ne, lifecycle.Destroyed))
 	}
 	if q.After, err = decodePageToken("page_token", req.GetPageToken(), "clusters?"+req.GetFilter()); err != nil {
 		return nil, err
-	}
-	if scope := who.Scope(); scope != "" {
-		if q.Account != "" && q.Account != scope {
-			// The filter asks for an account the caller cannot see.
-			return &clv1.ListClustersResponse{}, nil
-		}
-		q.Account = scope
 	}
 	cs, err := s.store.ListClusters(ctx, q)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/glebarez/go-sqlite" // the "sqlite" driver of Exec
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/clusterd/clusterd/repository"
@@ -135,4 +136,29 @@ func driverDSN(u *url.URL, db string) string {
 	cfg.DBName = strings.TrimPrefix(db, "/")
 	cfg.Timeout = 5 * time.Second
 	return cfg.FormatDSN()
+}
+
+// Exec runs one statement on the database of dsn (as NewDSN returned it)
+// outside the repository, for rows the repository cannot write any more,
+// such as those of servers that predate a column.
+func Exec(t testing.TB, dsn, query string, args ...any) {
+	t.Helper()
+	driver, source := "sqlite", strings.TrimPrefix(dsn, "sqlite:")
+	if strings.HasPrefix(dsn, "mysql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatalf("parse %s: %v", dsn, err)
+		}
+		driver, source = "mysql", driverDSN(u, u.Path)
+	}
+	db, err := sql.Open(driver, source)
+	if err != nil {
+		t.Fatalf("open %s: %v", driver, err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, query, args...); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
 }

@@ -8,6 +8,7 @@ package clusterlifecyclev1
 
 import (
 	longrunningpb "cloud.google.com/go/longrunning/autogen/longrunningpb"
+	_ "github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2/options"
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -795,8 +796,14 @@ type ListClustersRequest struct {
 	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of a previous call with the same filter.
 	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	// Conditions joined by AND: `state = RUNNING`, `display_name = "web"`,
-	// `account = "team-a"`.
+	// An AIP-160 filter on state, display_name, account, create_time and
+	// update_time: comparisons joined by AND, OR, NOT (or -) and parentheses,
+	// with `=` and `!=`, and `<`, `<=`, `>`, `>=` on the times (quoted RFC 3339),
+	// e.g. `state = RUNNING OR state = STOPPED`,
+	// `display_name = "web-1" AND create_time > "2026-01-02T15:04:05Z"`.
+	// As AIP-160 says, OR binds tighter than AND. DESTROYED clusters are listed
+	// only when the filter names the state. A mistake is INVALID_ARGUMENT with a
+	// BadRequest on `filter` naming the column at fault.
 	Filter        string `protobuf:"bytes,3,opt,name=filter,proto3" json:"filter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1636,7 +1643,7 @@ var File_clusterlifecycle_v1_clusterlifecycle_proto protoreflect.FileDescriptor
 
 const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\n" +
-	"*clusterlifecycle/v1/clusterlifecycle.proto\x12\x13clusterlifecycle.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x17google/api/client.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a#google/longrunning/operations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xde\b\n" +
+	"*clusterlifecycle/v1/clusterlifecycle.proto\x12\x13clusterlifecycle.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x17google/api/client.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a#google/longrunning/operations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\xde\b\n" +
 	"\aCluster\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\bR\x04name\x12&\n" +
 	"\fdisplay_name\x18\x02 \x01(\tB\x03\xe0A\x02R\vdisplayName\x12%\n" +
@@ -1814,7 +1821,8 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"name,nodes\x82\xd3\xe4\x93\x02&:\x01*\"!/v1/{name=clusters/*}:removeNodes\x12\xac\x01\n" +
 	"\rDeleteCluster\x12).clusterlifecycle.v1.DeleteClusterRequest\x1a\x1d.google.longrunning.Operation\"Q\xcaA*\n" +
 	"\x15google.protobuf.Empty\x12\x11OperationMetadata\xdaA\x04name\x82\xd3\xe4\x93\x02\x17*\x15/v1/{name=clusters/*}\x12\xa3\x01\n" +
-	"\x11ListClusterEvents\x12-.clusterlifecycle.v1.ListClusterEventsRequest\x1a..clusterlifecycle.v1.ListClusterEventsResponse\"/\xdaA\x06parent\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{parent=clusters/*}/eventsB\x84\x01\n" +
+	"\x11ListClusterEvents\x12-.clusterlifecycle.v1.ListClusterEventsRequest\x1a..clusterlifecycle.v1.ListClusterEventsResponse\"/\xdaA\x06parent\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{parent=clusters/*}/eventsB\xbd\x05\x92A\xb5\x04\x12\x8a\x04\n" +
+	"\fclusterd API\x12\xf5\x03clusterd runs the lifecycle of Kubernetes clusters. Mutations return a google.longrunning.Operation at once: follow it with GET /v1/operations/{id} or POST /v1/operations/{id}:wait until `done`; its `metadata` is an OperationMetadata (step and progress) and its `response` the Cluster. Errors are google.rpc.Status values whose `details` carry a google.rpc.ErrorInfo (domain clusterd.dev, stable `reason` such as OPERATION_IN_PROGRESS) and, for invalid input, a google.rpc.BadRequest naming the field.2\x02v1*\x02\x01\x022\x10application/json:\x10application/json\n" +
 	" dev.clusterd.clusterlifecycle.v1B\x15ClusterLifecycleProtoP\x01ZGgithub.com/clusterd/clusterd/gen/clusterlifecycle/v1;clusterlifecyclev1b\x06proto3"
 
 var (

@@ -53,7 +53,7 @@ type ClusterLifecycleClient interface {
 	// Returns one cluster, with its nodes as the infrastructure reports them.
 	GetCluster(ctx context.Context, in *GetClusterRequest, opts ...grpc.CallOption) (*Cluster, error)
 	// Lists clusters in creation order, paginated (AIP-158) and filtered
-	// (AIP-160 subset, e.g. `state = RUNNING`).
+	// (AIP-160, e.g. `state = RUNNING OR state = STOPPED`).
 	ListClusters(ctx context.Context, in *ListClustersRequest, opts ...grpc.CallOption) (*ListClustersResponse, error)
 	// Starts a STOPPED or ALERT cluster (STARTING), or retries the start of an
 	// ERROR cluster without changing its state.
@@ -214,7 +214,7 @@ type ClusterLifecycleServer interface {
 	// Returns one cluster, with its nodes as the infrastructure reports them.
 	GetCluster(context.Context, *GetClusterRequest) (*Cluster, error)
 	// Lists clusters in creation order, paginated (AIP-158) and filtered
-	// (AIP-160 subset, e.g. `state = RUNNING`).
+	// (AIP-160, e.g. `state = RUNNING OR state = STOPPED`).
 	ListClusters(context.Context, *ListClustersRequest) (*ListClustersResponse, error)
 	// Starts a STOPPED or ALERT cluster (STARTING), or retries the start of an
 	// ERROR cluster without changing its state.

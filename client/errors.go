@@ -1,0 +1,81 @@
+package client
+
+import (
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Domain is the google.rpc.ErrorInfo domain of every clusterd error.
+const Domain = "clusterd.dev"
+
+// The google.rpc.ErrorInfo reasons clusterd returns. They are stable: switch
+// on them, not on messages.
+const (
+	// ReasonOperationInProgress (ABORTED): another operation holds the
+	// cluster; retry once it has finished (RetryAborted does).
+	ReasonOperationInProgress = "OPERATION_IN_PROGRESS"
+	// ReasonConcurrentModification (ABORTED): a concurrent request changed the
+	// cluster first; retry.
+	ReasonConcurrentModification = "CONCURRENT_MODIFICATION"
+	// ReasonEtagMismatch (ABORTED): the etag sent is stale; read the cluster
+	// again before deciding. Never retried as is.
+	ReasonEtagMismatch = "ETAG_MISMATCH"
+	// ReasonInvalidStateTransition (FAILED_PRECONDITION): the cluster's state
+	// does not allow the request.
+	ReasonInvalidStateTransition = "INVALID_STATE_TRANSITION"
+	// ReasonInvalidArgument (INVALID_ARGUMENT): see FieldViolations.
+	ReasonInvalidArgument = "INVALID_ARGUMENT"
+	// ReasonNotFound (NOT_FOUND).
+	ReasonNotFound = "NOT_FOUND"
+	// ReasonAlreadyExists (ALREADY_EXISTS): e.g. a display name taken in the account.
+	ReasonAlreadyExists = "ALREADY_EXISTS"
+	// ReasonDatabaseUnavailable, ReasonServerUnavailable, ReasonShuttingDown
+	// (UNAVAILABLE): retry later, possibly on another server.
+	ReasonDatabaseUnavailable = "DATABASE_UNAVAILABLE"
+	ReasonServerUnavailable   = "SERVER_UNAVAILABLE"
+	ReasonShuttingDown        = "SHUTTING_DOWN"
+	// ReasonNotImplemented (UNIMPLEMENTED).
+	ReasonNotImplemented = "NOT_IMPLEMENTED"
+	// ReasonInternal (INTERNAL): a server bug; the server logged the cause.
+	ReasonInternal = "INTERNAL"
+)
+
+// Code is the gRPC code of err: codes.OK for nil, codes.Unknown for an error
+// that carries no status. It reads RPC errors and *OperationError alike.
+func Code(err error) codes.Code { return status.Code(err) }
+
+// ErrorInfo returns the google.rpc.ErrorInfo err carries, or nil.
+func ErrorInfo(err error) *errdetails.ErrorInfo {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return nil
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info
+		}
+	}
+	return nil
+}
+
+// Reason is the ErrorInfo reason of err (e.g. ReasonOperationInProgress), or
+// "" when err carries none.
+func Reason(err error) string { return ErrorInfo(err).GetReason() }
+
+// FieldViolations lists the invalid request fields of an INVALID_ARGUMENT
+// error (its google.rpc.BadRequest), each with the field's path in the
+// request (e.g. "cluster.display_name") and what is wrong with it.
+func FieldViolations(err error) []*errdetails.BadRequest_FieldViolation {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return nil
+	}
+	var out []*errdetails.BadRequest_FieldViolation
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			out = append(out, br.GetFieldViolations()...)
+		}
+	}
+	return out
+}

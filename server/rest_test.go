@@ -1,0 +1,237 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-openapi/loads"
+	"github.com/go-openapi/strfmt"
+	"github.com/go-openapi/validate"
+	"google.golang.org/grpc/codes"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+
+	"github.com/clusterd/clusterd/infra/sim"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+	"github.com/clusterd/clusterd/repository/repotest"
+)
+
+// restCall sends one JSON request to the gateway and decodes the JSON answer.
+func (h *harness) restCall(t *testing.T, method, path string, body any) (int, map[string]any) {
+	t.Helper()
+	var in io.Reader
+	if body != nil {
+		raw, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(tctx(t), method, h.base+path, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatalf("%s %s: body is not JSON: %v", method, path, err)
+	}
+	return resp.StatusCode, out
+}
+
+// TestOpenAPIDocument checks the document /openapi.json serves: a valid
+// OpenAPI 2.0 document with a real title and version, the Operations routes
+// (WaitOperation included), and what an operation's metadata and response
+// hold.
+func TestOpenAPIDocument(t *testing.T) {
+	h := start(t, repotest.Backends(t)[0])
+	resp, err := http.Get(h.base + "/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /openapi.json = %d, %v", resp.StatusCode, err)
+	}
+	doc, err := loads.Analyzed(json.RawMessage(raw), "2.0")
+	if err != nil {
+		t.Fatalf("/openapi.json does not load as OpenAPI 2.0: %v", err)
+	}
+	if err := validate.Spec(doc, strfmt.Default); err != nil {
+		t.Errorf("/openapi.json is not a valid OpenAPI 2.0 document: %v", err)
+	}
+
+	sw := doc.Spec()
+	if sw.Info == nil || sw.Info.Title != "clusterd API" || sw.Info.Version != "v1" || sw.Info.Description == "" {
+		t.Errorf("info = %+v; want title %q, version v1 and a description", sw.Info, "clusterd API")
+	}
+	routes := map[string]string{
+		"GET /v1/operations":                     "Operations_ListOperations",
+		"GET /v1/operations/{operation}":         "Operations_GetOperation",
+		"POST /v1/operations/{operation}:cancel": "Operations_CancelOperation",
+		"POST /v1/operations/{operation}:wait":   "Operations_WaitOperation",
+		"POST /v1/clusters":                      "ClusterLifecycle_CreateCluster",
+		"GET /v1/clusters/{cluster}":             "ClusterLifecycle_GetCluster",
+	}
+	for route, want := range routes {
+		method, path, _ := strings.Cut(route, " ")
+		op, ok := doc.Analyzer.OperationFor(method, path)
+		if !ok || op.ID != want {
+			t.Errorf("%s: operation %v; want %s", route, op, want)
+		}
+	}
+	op, ok := sw.Definitions["googleLongrunningOperation"]
+	if !ok {
+		t.Fatal("no definition of google.longrunning.Operation")
+	}
+	for field, mentions := range map[string]string{
+		"metadata": "clusterlifecycle.v1.OperationMetadata",
+		"response": "v1Cluster",
+		"error":    "ErrorInfo",
+	} {
+		if d := op.Properties[field].Description; !strings.Contains(d, mentions) {
+			t.Errorf("Operation.%s is documented as %q; want it to name %s", field, d, mentions)
+		}
+	}
+	if _, ok := sw.Definitions["v1Cluster"]; !ok {
+		t.Error("no definition of Cluster, which a done operation's response holds")
+	}
+}
+
+// TestRESTWaitOperation follows an operation over REST only: create, wait
+// with a short timeout while a step is held (not done), then wait until done
+// once it is released; the metadata and the response decode as documented.
+func TestRESTWaitOperation(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		h := start(t, b)
+		fault, err := h.srv.sim.InjectFault(sim.Fault{Step: "join_node", Mode: sim.ModeHold, Count: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, op := h.restCall(t, "POST", "/v1/clusters", map[string]any{
+			"displayName": "rest-wait", "kubernetesVersion": "1.30.2", "workerNodeCount": 1, "serviceOffering": "medium",
+		})
+		name, _ := op["name"].(string)
+		if code != http.StatusOK || !strings.HasPrefix(name, "operations/") {
+			t.Fatalf("POST /v1/clusters = %d %v", code, op)
+		}
+		ctx, cancel := context.WithTimeout(tctx(t), 30*time.Second)
+		defer cancel()
+		if _, err := h.srv.sim.WaitHeld(ctx, func(held sim.Held) bool { return held.FaultID == fault.ID }); err != nil {
+			t.Fatalf("join_node never held: %v", err)
+		}
+
+		code, waited := h.restCall(t, "POST", "/v1/"+name+":wait", map[string]any{"timeout": "0.2s"})
+		if code != http.StatusOK || waited["done"] == true || waited["name"] != name {
+			t.Errorf("wait while held = %d %v; want 200, not done", code, waited)
+		}
+		md, _ := waited["metadata"].(map[string]any)
+		if md["@type"] != "type.googleapis.com/clusterlifecycle.v1.OperationMetadata" || md["verb"] != "create" || md["step"] != "join_node" {
+			t.Errorf("metadata while held = %v; want a create's OperationMetadata at join_node", md)
+		}
+
+		if _, err := h.srv.sim.ReleaseHeld(fault.ID); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for waited["done"] != true && time.Now().Before(deadline) {
+			code, waited = h.restCall(t, "POST", "/v1/"+name+":wait", map[string]any{"timeout": "10s"})
+			if code != http.StatusOK {
+				t.Fatalf("wait = %d %v", code, waited)
+			}
+		}
+		cluster, _ := waited["response"].(map[string]any)
+		if waited["done"] != true || cluster["@type"] != "type.googleapis.com/clusterlifecycle.v1.Cluster" || cluster["state"] != "RUNNING" {
+			t.Fatalf("waited operation = %v; want done with the RUNNING cluster", waited)
+		}
+
+		code, got := h.restCall(t, "GET", "/v1/"+name, nil)
+		if code != http.StatusOK || got["done"] != true {
+			t.Errorf("GET /v1/%s = %d %v", name, code, got)
+		}
+		code, _ = h.restCall(t, "POST", "/v1/"+name+":cancel", map[string]any{})
+		if code != http.StatusOK {
+			t.Errorf("cancel of a done operation = %d; want 200 (a no-op)", code)
+		}
+		code, bad := h.restCall(t, "POST", "/v1/operations/not-a-uuid:wait", map[string]any{})
+		if code != http.StatusBadRequest || !strings.Contains(fmtJSON(bad), "INVALID_ARGUMENT") {
+			t.Errorf("wait on a malformed name = %d %v; want 400 INVALID_ARGUMENT", code, bad)
+		}
+	})
+}
+
+func fmtJSON(v any) string {
+	raw, _ := json.Marshal(v)
+	return string(raw)
+}
+
+// TestListFilters lists through the API with AIP-160 filters: OR, NOT,
+// parentheses, times, and a precise INVALID_ARGUMENT for a mistake.
+func TestListFilters(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		h := start(t, b)
+		ctx := tctx(t)
+		web := h.seedRunning(t, "web")
+		db := h.seedRunning(t, "db")
+		h.seedRunning(t, "cache")
+		if _, err := h.seed.Transition(ctx, repository.Transition{ClusterID: db.ID, Expect: db.Expect(), Event: lifecycle.StopRequested, Operation: "op"}); err != nil {
+			t.Fatal(err)
+		}
+		stopping, _ := h.seed.GetCluster(ctx, db.ID)
+		if _, err := h.seed.Transition(ctx, repository.Transition{ClusterID: db.ID, Expect: stopping.Expect(), Event: lifecycle.OperationSucceeded}); err != nil {
+			t.Fatal(err)
+		}
+		names := func(filter string) []string {
+			t.Helper()
+			resp, err := h.clients.clusters.ListClusters(ctx, &clv1.ListClustersRequest{Filter: filter})
+			if err != nil {
+				t.Fatalf("ListClusters(%q): %v", filter, err)
+			}
+			var out []string
+			for _, c := range resp.GetClusters() {
+				out = append(out, c.GetDisplayName())
+			}
+			return out
+		}
+		since := web.CreateTime.Format(time.RFC3339Nano)
+		for filter, want := range map[string][]string{
+			"state = RUNNING OR state = STOPPED":                             {"web", "db", "cache"},
+			"state = STOPPED OR display_name = cache":                        {"db", "cache"},
+			"NOT state = STOPPED":                                            {"web", "cache"},
+			`(display_name = web OR display_name = db) AND state != RUNNING`: {"db"},
+			`create_time > "` + since + `"`:                                  {"db", "cache"},
+			`create_time > "` + since + `" AND -display_name = db`:           {"cache"},
+		} {
+			if got := names(filter); !slices.Equal(got, want) {
+				t.Errorf("filter %q = %v; want %v", filter, got, want)
+			}
+		}
+
+		_, err := h.clients.clusters.ListClusters(ctx, &clv1.ListClustersRequest{Filter: "state = RUNNING OR state = SIDEWAYS"})
+		code, reason, br := errorInfo(t, err)
+		if code != codes.InvalidArgument || reason != "INVALID_ARGUMENT" || br == nil || br.GetFieldViolations()[0].GetField() != "filter" ||
+			!strings.Contains(br.GetFieldViolations()[0].GetDescription(), `"SIDEWAYS" is not a state`) ||
+			!strings.Contains(br.GetFieldViolations()[0].GetDescription(), "column 28") {
+			t.Errorf("bad state in a filter: %v %s %v; want INVALID_ARGUMENT on filter naming SIDEWAYS at column 28", code, reason, br)
+		}
+
+		status, body := h.restCall(t, "GET", "/v1/operations?filter="+url.QueryEscape(`verb = create AND (done = true OR cluster = "clusters/`+web.ID+`")`), nil)
+		if ops, _ := body["operations"].([]any); status != http.StatusOK || len(ops) != 3 {
+			t.Errorf("GET /v1/operations with an OR filter = %d %v; want the 3 creates", status, body)
+		}
+	})
+}
