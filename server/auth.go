@@ -22,9 +22,11 @@ import (
 // middleware deletes whatever a client sends under that name.
 const verifiedClientHeader = "x-clusterd-verified-client"
 
-// publicPrefix is the service callers reach without credentials: load
-// balancers and orchestrators probe health before they hold any.
-const publicPrefix = "/grpc.health.v1.Health/"
+// publicPrefixes are the services callers reach without credentials: load
+// balancers and orchestrators probe health before they hold any, and
+// reflection describes the API, which is as public as /openapi.json (and
+// which grpcurl needs before it can call even the health check).
+var publicPrefixes = []string{"/grpc.health.v1.Health/", "/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"}
 
 // adminPrefixes are the services only admins may call: the Simulator changes
 // machines and faults of every account.
@@ -33,8 +35,10 @@ var adminPrefixes = []string{"/" + clv1.Simulator_ServiceDesc.ServiceName + "/"}
 // authenticate returns the identity of a call to method, or the error to
 // answer it with; public methods need none.
 func (s *Server) authenticate(ctx context.Context, method string) (context.Context, error) {
-	if strings.HasPrefix(method, publicPrefix) {
-		return ctx, nil
+	for _, p := range publicPrefixes {
+		if strings.HasPrefix(method, p) {
+			return ctx, nil
+		}
 	}
 	creds, err := callCredentials(ctx)
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -376,4 +377,29 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not reached within 10s")
+}
+
+// TestIdentity_PublicServices: with identities configured, health and
+// reflection (what grpcurl needs before any call) answer without
+// credentials; nothing else does.
+func TestIdentity_PublicServices(t *testing.T) {
+	h := start(t, repotest.Backends(t)[0], withTokens(t))
+	conn := bareConn(t, h)
+	ctx := tctx(t)
+	if resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health without credentials: %v, %v", resp, err)
+	}
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := stream.Recv(); err != nil || len(resp.GetListServicesResponse().GetService()) == 0 {
+		t.Errorf("reflection without credentials: %v, %v", resp, err)
+	}
+	if err := get(clv1.NewClusterLifecycleClient(conn), ctx, "clusters/0192f0c1-7a3e-7000-8000-000000000000"); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("GetCluster without credentials: %v; want UNAUTHENTICATED", err)
+	}
 }
