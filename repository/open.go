@@ -36,6 +36,11 @@ type Store struct {
 	backend Backend
 	now     func() time.Time
 	server  string
+	// inTx is set on a Store bound to one transaction (see Fenced): its
+	// writes are not retried on their own (see retrying).
+	inTx bool
+	// onRetry, optional, sees every lock conflict (WithRetryHook).
+	onRetry func(attempt int, err error)
 }
 
 // Option changes how Open builds a Store.
@@ -52,6 +57,11 @@ func WithClock(now func() time.Time) Option {
 func WithServerID(id string) Option {
 	return func(s *Store) { s.server = id }
 }
+
+// ErrInvalidDSN: the database name given cannot be opened whatever the
+// database does (an unknown scheme, no path, no database name); waiting for
+// the database will not help.
+var ErrInvalidDSN = errors.New("invalid database DSN")
 
 // Open connects to the database named by dsn, runs the schema migrations and
 // returns a ready Store. Two forms are accepted:
@@ -71,19 +81,19 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	case strings.HasPrefix(dsn, "sqlite:"):
 		path := strings.TrimPrefix(dsn, "sqlite:")
 		if path == "" {
-			return nil, fmt.Errorf("open database: empty sqlite path in %q", dsn)
+			return nil, fmt.Errorf("open database: %w: empty sqlite path in %q", ErrInvalidDSN, dsn)
 		}
 		s.backend = SQLite
 		dialector = sqlite.Open(sqliteDSN(path))
 	case strings.HasPrefix(dsn, "mysql://"):
 		driverDSN, err := mysqlDSN(dsn)
 		if err != nil {
-			return nil, fmt.Errorf("open database: %w", err)
+			return nil, fmt.Errorf("open database: %w: %w", ErrInvalidDSN, err)
 		}
 		s.backend = MySQL
 		dialector = gormmysql.New(gormmysql.Config{DSN: driverDSN})
 	default:
-		return nil, fmt.Errorf("open database: unsupported DSN %q (want sqlite:<path> or mysql://user:pass@host:port/db)", redact(dsn))
+		return nil, fmt.Errorf("open database: %w: unsupported DSN %q (want sqlite:<path> or mysql://user:pass@host:port/db)", ErrInvalidDSN, redact(dsn))
 	}
 	db, err := gorm.Open(dialector, &gorm.Config{
 		Logger:                 logger.Default.LogMode(logger.Silent),
