@@ -65,7 +65,7 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 		log.Debug("job ended elsewhere; not finishing it again", "err", runErr)
 		return repository.Job{}, false
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(jobCtx), r.finishTimeout)
+	ctx, cancel := context.WithTimeout(r.finishCtx, r.finishTimeout)
 	defer cancel()
 
 	f := repository.Finish{JobID: t.Job.ID}

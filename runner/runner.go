@@ -140,8 +140,14 @@ type Config struct {
 	// end; the bound keeps Shutdown from waiting forever on a dead database.
 	FinishTimeout time.Duration
 	// Lease, optional, says whether this server may still act; jobs stop at
-	// their next step when it returns an error (see ErrLeaseLost).
-	Lease func() error
+	// their next step when it does not (see ErrLeaseLost).
+	Lease Lease
+}
+
+// Lease says whether this server may still act (package lease): nil while
+// its heartbeat is recent and nobody took its server id.
+type Lease interface {
+	Check() error
 }
 
 // DefaultFinishTimeout is the FinishTimeout used when Config leaves it zero.
@@ -154,13 +160,17 @@ type Runner struct {
 	log           *slog.Logger
 	onDone        func(repository.Job)
 	finishTimeout time.Duration
-	lease         func() error
+	lease         Lease
 
 	// ctx is the parent of every job's context. It belongs to the runner, not
 	// to any request, and only Shutdown cancels it.
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// finishCtx is the parent of the contexts jobs record their end on; only
+	// Abort cancels it.
+	finishCtx   context.Context
+	abortFinish context.CancelFunc
+	wg          sync.WaitGroup
 
 	mu      sync.Mutex
 	stopped bool
@@ -180,6 +190,7 @@ func New(cfg Config) *Runner {
 		timeout = DefaultFinishTimeout
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	finishCtx, abort := context.WithCancel(context.Background())
 	return &Runner{
 		store:         cfg.Store,
 		log:           log,
@@ -188,6 +199,8 @@ func New(cfg Config) *Runner {
 		lease:         cfg.Lease,
 		ctx:           ctx,
 		cancel:        cancel,
+		finishCtx:     finishCtx,
+		abortFinish:   abort,
 		running:       map[string]bool{},
 	}
 }
@@ -281,6 +294,14 @@ func (r *Runner) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("runner shutdown: jobs still ending %v: %w", r.Running(), ctx.Err())
 	}
+}
+
+// Abort gives up on recording the ends that jobs are still writing (a
+// database that stays down past the shutdown budget): their writes return at
+// once, the jobs stay IN_PROGRESS in the database, and peers or this
+// server's next incarnation fail them. It does not wait; Shutdown does.
+func (r *Runner) Abort() {
+	r.abortFinish()
 }
 
 // run is the job's goroutine: run the work, end the job, let go of it.

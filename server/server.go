@@ -31,6 +31,7 @@ import (
 	opsgw "github.com/clusterd/clusterd/gen/gateway/longrunningpb"
 	"github.com/clusterd/clusterd/gen/openapiv2"
 	"github.com/clusterd/clusterd/infra/sim"
+	"github.com/clusterd/clusterd/lease"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/runner"
 	"github.com/clusterd/clusterd/scanner"
@@ -44,7 +45,9 @@ type Config struct {
 	// GRPCAddr and HTTPAddr are listen addresses; port 0 picks a free port.
 	GRPCAddr string
 	HTTPAddr string
-	// ServerID identifies this process to its peers (default: host name).
+	// ServerID identifies this process to its peers; required (the binary's
+	// default is the host name and gRPC port). A second live process under
+	// the same id is refused at start (see package lease).
 	ServerID string
 	// Infra names the infrastructure driver; "sim" is the only one so far.
 	Infra string
@@ -73,24 +76,30 @@ type Config struct {
 
 // Server is a running clusterd process; tests use it to learn bound addresses.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	store   *repository.Store
-	self    repository.Server
-	runner  *runner.Runner
-	sim     *sim.Simulator
-	scanner *scanner.Scanner
-	health  *health.Server
-	grpc    *grpc.Server
-	http    *http.Server
-	conn    *grpc.ClientConn
-	grpcLis net.Listener
-	httpLis net.Listener
+	cfg      Config
+	log      *slog.Logger
+	store    *repository.Store
+	lease    *lease.Lease
+	self     repository.Server
+	runner   *runner.Runner
+	sim      *sim.Simulator
+	clusters *service.Clusters
+	ops      *service.Operations
+	scanner  *scanner.Scanner
+	health   *health.Server
+	grpc     *grpc.Server
+	http     *http.Server
+	conn     *grpc.ClientConn
+	grpcLis  net.Listener
+	httpLis  net.Listener
+	// bg is what Serve started besides the listeners (nil before Serve).
+	bg *background
 }
 
 // Run starts clusterd and blocks until ctx is cancelled (SIGTERM in main),
-// then stops gracefully: no new requests, running jobs stopped and recorded,
-// connections drained.
+// then stops gracefully (see shutdown): no new work, open waits answered,
+// running jobs stopped and their ends recorded, connections drained, every
+// goroutine joined, and only then the database closed.
 func Run(ctx context.Context, cfg Config) error {
 	s, err := New(ctx, cfg)
 	if err != nil {
@@ -112,10 +121,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cleanup := func() { _ = s.store.Close() }
-	if s.self, err = s.store.RegisterServer(ctx, cfg.ServerID); err != nil {
-		cleanup()
-		return nil, err
-	}
 	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		cleanup()
 		return nil, fmt.Errorf("listen for gRPC on %s: %w", cfg.GRPCAddr, err)
@@ -125,27 +130,36 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cleanup()
 		return nil, fmt.Errorf("listen for HTTP on %s: %w", cfg.HTTPAddr, err)
 	}
+	// The lease comes first: nothing that acts exists before this process
+	// holds its server id, and everything that acts is handed the lease.
+	s.lease = lease.New(lease.Config{
+		Store: s.store, ServerID: cfg.ServerID, HeartbeatInterval: cfg.HeartbeatInterval,
+		PeerTimeout: cfg.PeerTimeout, Logger: s.log,
+	})
+	if s.self, err = s.lease.Acquire(ctx); err != nil {
+		_ = s.grpcLis.Close()
+		_ = s.httpLis.Close()
+		cleanup()
+		return nil, err
+	}
 
-	// The scanner holds this server's lease (its heartbeat); the runner and
-	// the handlers stop taking steps and claims without it.
-	lease := func() error { return s.scanner.Lease() }
-	ops := service.NewOperations(s.store)
-	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: ops.Notify, Lease: lease})
+	s.ops = service.NewOperations(s.store)
+	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.ops.Notify, Lease: s.lease})
 	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
-	clusters := service.NewClusters(service.ClustersConfig{
+	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.store, Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
-		Lease: lease,
+		Lease: s.lease,
 	})
 	s.scanner = scanner.New(scanner.Config{
-		Store: s.store, Recoverer: clusters, Infra: s.sim, Self: s.self, Running: s.runner.Running,
-		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
+		Store: s.store, Recoverer: s.clusters, Infra: s.sim, Self: s.self, Lease: s.lease, Running: s.runner.Running,
+		PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})
 
 	s.grpc = grpc.NewServer(interceptors(s.log)...)
-	clv1.RegisterClusterLifecycleServer(s.grpc, clusters)
-	longrunningpb.RegisterOperationsServer(s.grpc, ops)
+	clv1.RegisterClusterLifecycleServer(s.grpc, s.clusters)
+	longrunningpb.RegisterOperationsServer(s.grpc, s.ops)
 	clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -154,6 +168,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.gateway(ctx); err != nil {
 		_ = s.grpcLis.Close()
 		_ = s.httpLis.Close()
+		_ = s.lease.Release(ctx)
 		cleanup()
 		return nil, err
 	}
@@ -208,17 +223,16 @@ func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
 // HTTPAddr is the address the REST gateway listens on.
 func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
 
-// Serve runs until ctx is cancelled or a listener fails, then shuts down.
+// Serve runs until ctx is cancelled or a listener fails, then shuts down
+// (see shutdown) and returns once every goroutine it started has ended and
+// the database is closed.
 func (s *Server) Serve(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	s.startBackground()
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
-	wg.Add(4)
-	go func() {
-		defer wg.Done()
-		s.scanner.Run(ctx)
-	}()
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		if err := s.grpc.Serve(s.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -231,55 +245,20 @@ func (s *Server) Serve(ctx context.Context) error {
 			errs <- fmt.Errorf("HTTP server: %w", err)
 		}
 	}()
-	go func() {
-		defer wg.Done()
-		s.watchHealth(ctx)
-	}()
 
 	var serveErr error
 	select {
 	case <-ctx.Done():
 	case serveErr = <-errs:
 	}
-	cancel()
 	shutdownErr := s.shutdown()
 	wg.Wait()
 	return errors.Join(serveErr, shutdownErr)
 }
 
-// shutdown stops taking requests, stops the jobs (they record their end),
-// drains connections within ShutdownTimeout and closes the database.
-func (s *Server) shutdown() error {
-	s.log.Info("clusterd shutting down")
-	s.health.Shutdown()
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-	defer cancel()
-	var errs []error
-	if err := s.http.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("HTTP shutdown: %w", err))
-	}
-	stopped := make(chan struct{})
-	go func() {
-		s.grpc.GracefulStop()
-		close(stopped)
-	}()
-	select {
-	case <-stopped:
-	case <-ctx.Done():
-		s.grpc.Stop()
-		<-stopped
-	}
-	if err := s.runner.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("stop jobs: %w", err))
-	}
-	_ = s.conn.Close()
-	if err := s.store.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("close database: %w", err))
-	}
-	return errors.Join(errs...)
-}
-
-// watchHealth reports NOT_SERVING while the database does not answer.
+// watchHealth reports NOT_SERVING while the database does not answer or
+// this server does not hold its lease (its heartbeat lapsed, or another
+// process took its server id).
 func (s *Server) watchHealth(ctx context.Context) {
 	t := time.NewTicker(s.cfg.HealthInterval)
 	defer t.Stop()
@@ -288,6 +267,9 @@ func (s *Server) watchHealth(ctx context.Context) {
 		pingCtx, cancel := context.WithTimeout(ctx, s.cfg.HealthInterval)
 		err := s.store.Ping(pingCtx)
 		cancel()
+		if err == nil {
+			err = s.lease.Check()
+		}
 		st := healthpb.HealthCheckResponse_SERVING
 		if err != nil {
 			st = healthpb.HealthCheckResponse_NOT_SERVING
@@ -297,9 +279,9 @@ func (s *Server) watchHealth(ctx context.Context) {
 		}
 		if st != last {
 			if err != nil {
-				s.log.Warn("database not answering: NOT_SERVING", "error", err)
+				s.log.Warn("NOT_SERVING", "error", err)
 			} else if last != healthpb.HealthCheckResponse_UNKNOWN {
-				s.log.Info("database answering again: SERVING")
+				s.log.Info("database answering and lease held again: SERVING")
 			}
 			for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName, clv1.Simulator_ServiceDesc.ServiceName} {
 				s.health.SetServingStatus(name, st)

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"testing"
 )
 
@@ -50,5 +52,33 @@ func TestBadInputIsRefused(t *testing.T) {
 		if _, _, err := parse(tc.args, func(k string) string { return tc.env[k] }, io.Discard); err == nil {
 			t.Errorf("parse(%v, %v) accepted bad input", tc.args, tc.env)
 		}
+	}
+}
+
+func TestDefaultServerIDIsUniquePerProcess(t *testing.T) {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "clusterd"
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, host + ":9090"},
+		{[]string{"--grpc-addr", "0.0.0.0:7001"}, host + ":7001"},
+		{[]string{"--grpc-addr", "127.0.0.1:0"}, fmt.Sprintf("%s:pid%d", host, os.Getpid())},
+		{[]string{"--server-id", "given"}, "given"},
+	} {
+		cfg, _, err := parse(tc.args, func(string) string { return "" }, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.ServerID != tc.want {
+			t.Errorf("parse(%v): server id %q; want %q", tc.args, cfg.ServerID, tc.want)
+		}
+	}
+	cfg, _, err := parse(nil, func(k string) string { return map[string]string{"CLUSTERD_SERVER_ID": "from-env"}[k] }, io.Discard)
+	if err != nil || cfg.ServerID != "from-env" {
+		t.Errorf("CLUSTERD_SERVER_ID: server id %q, %v; want from-env", cfg.ServerID, err)
 	}
 }
