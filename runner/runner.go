@@ -13,7 +13,8 @@
 //     round trip learns whether a cancellation was requested, possibly
 //     through another server, and whether recovery already ended the job;
 //   - it ends the job and releases the cluster in one transaction
-//     (repository.Store.FinishJob), exactly once, in one place;
+//     (repository.Store.FinishJob), exactly once, in one place, retrying
+//     through a transient database outage within the job's finish budget;
 //   - Shutdown cancels the running jobs, ends them, and waits for them.
 //
 // # Job errors
@@ -78,9 +79,11 @@ type Task struct {
 	// why (errors.Is it against ErrCancelled, ErrDeadline, ErrShutdown). It
 	// may return nil to leave the cluster alone. It is called on a context
 	// that is not the (possibly cancelled) job context, so it can still read
-	// the database. When Release is nil or fails, the job still ends and the
-	// cluster stays named by a finished job, which the scanner's orphan
-	// recovery fails (SPEC §5).
+	// the database, and called again if it, or the write of the job's end,
+	// failed transiently (repository.ErrUnavailable), so it must be
+	// idempotent. When Release is nil or fails otherwise, the job still ends
+	// and the cluster stays named by a finished job, which the scanner's
+	// orphan recovery fails (SPEC §5).
 	Release func(ctx context.Context, cause error) (*repository.Transition, error)
 }
 
@@ -134,10 +137,13 @@ type Config struct {
 	// polling. It is not called for jobs someone else ended. It runs on the
 	// job's goroutine and must not block.
 	OnDone func(job repository.Job)
-	// FinishTimeout bounds the database writes that end a job, Release
-	// included (default 10s). They run on a context that survives the job's
-	// cancellation, so that a cancelled or timed-out job still records its
-	// end; the bound keeps Shutdown from waiting forever on a dead database.
+	// FinishTimeout is a job's budget for recording its end, Release
+	// included (default 30s). The writes run on a context that survives the
+	// job's cancellation, so that a cancelled or timed-out job still records
+	// its end, and they are retried through a transient database outage
+	// (repository.ErrUnavailable: a restart, a failover) until the budget is
+	// spent; the bound keeps Shutdown from waiting forever on a dead
+	// database.
 	FinishTimeout time.Duration
 	// Lease, optional, says whether this server may still act; jobs stop at
 	// their next step when it does not (see ErrLeaseLost).
@@ -151,7 +157,7 @@ type Lease interface {
 }
 
 // DefaultFinishTimeout is the FinishTimeout used when Config leaves it zero.
-const DefaultFinishTimeout = 10 * time.Second
+const DefaultFinishTimeout = 30 * time.Second
 
 // Runner runs jobs in goroutines it owns, and stops and waits for them on
 // Shutdown. It is safe for concurrent use.

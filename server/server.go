@@ -49,6 +49,9 @@ type Config struct {
 	// default is the host name and gRPC port). A second live process under
 	// the same id is refused at start (see package lease).
 	ServerID string
+	// DatabaseWait is how long start-up waits for the database to answer
+	// (default 60s), logging each attempt.
+	DatabaseWait time.Duration
 	// Infra names the infrastructure driver; "sim" is the only one so far.
 	Infra string
 	// SimStepDelay is slept at every simulated step, so operations take
@@ -117,7 +120,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
 	var err error
-	if s.store, err = repository.Open(ctx, cfg.Database, repository.WithServerID(cfg.ServerID)); err != nil {
+	if s.store, err = openDatabase(ctx, cfg); err != nil {
 		return nil, err
 	}
 	cleanup := func() { _ = s.store.Close() }
@@ -308,6 +311,9 @@ func (c *Config) defaults() error {
 	}
 	if c.ServerID == "" {
 		return errors.New("config: server id is required")
+	}
+	if c.DatabaseWait <= 0 {
+		c.DatabaseWait = 60 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

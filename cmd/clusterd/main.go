@@ -58,6 +58,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:9090", "gRPC listen address")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8080", "REST gateway listen address (also /healthz and /openapi.json)")
 	fs.StringVar(&cfg.ServerID, "server-id", "", "this server's id among its peers; unique per live process (default: host name and gRPC port, e.g. "+host+":9090)")
+	fs.DurationVar(&cfg.DatabaseWait, "database-wait", 60*time.Second, "how long start-up waits for the database to answer")
 	fs.StringVar(&cfg.Infra, "infra", "sim", "infrastructure driver (sim)")
 	fs.DurationVar(&cfg.SimStepDelay, "sim-step-delay", 100*time.Millisecond, "time every simulated infrastructure step takes")
 	catalog := service.DefaultCatalog()

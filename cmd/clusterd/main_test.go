@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"testing"
+	"time"
 )
 
 func TestFlagsAndEnvironmentTwins(t *testing.T) {
@@ -80,5 +81,8 @@ func TestDefaultServerIDIsUniquePerProcess(t *testing.T) {
 	cfg, _, err := parse(nil, func(k string) string { return map[string]string{"CLUSTERD_SERVER_ID": "from-env"}[k] }, io.Discard)
 	if err != nil || cfg.ServerID != "from-env" {
 		t.Errorf("CLUSTERD_SERVER_ID: server id %q, %v; want from-env", cfg.ServerID, err)
+	}
+	if cfg.DatabaseWait != 60*time.Second {
+		t.Errorf("database wait %s; want the 60s default", cfg.DatabaseWait)
 	}
 }
