@@ -45,6 +45,10 @@ package infra
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -218,4 +222,31 @@ func AllRunningAndJoined(machines []Machine) bool {
 		}
 	}
 	return len(machines) > 0
+}
+
+// VersionSkew says which Kubernetes versions a cluster's machines run when
+// they do not all run the same one ("1.30.2 on 2 nodes, 1.30.5 on 1 node"),
+// and is empty when they do (machines that run none yet are not counted). A
+// cluster with a skew is not healthy, whatever its power (SPEC §5.2): an
+// upgrade was interrupted, and only running it again makes the nodes equal.
+func VersionSkew(machines []Machine) string {
+	count := map[string]int{}
+	for _, m := range machines {
+		if m.KubernetesVersion != "" {
+			count[m.KubernetesVersion]++
+		}
+	}
+	if len(count) < 2 {
+		return ""
+	}
+	versions := slices.Sorted(maps.Keys(count))
+	parts := make([]string, len(versions))
+	for i, v := range versions {
+		noun := "nodes"
+		if count[v] == 1 {
+			noun = "node"
+		}
+		parts[i] = fmt.Sprintf("%s on %d %s", v, count[v], noun)
+	}
+	return strings.Join(parts, ", ")
 }

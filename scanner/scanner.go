@@ -440,7 +440,10 @@ func (s *Scanner) reconcile(ctx context.Context, r *Report) {
 }
 
 // reconcileAction picks what reconciliation does to a cluster, asking the
-// state machine which events its state allows.
+// state machine which events its state allows. A cluster whose nodes run
+// different Kubernetes versions (an interrupted or failed upgrade) is not
+// healthy: a live one goes to ALERT with the versions named, and an ALERT
+// one is not brought back to RUNNING until an upgrade makes them equal.
 func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms []infra.Machine) (string, func() error) {
 	allows := func(e lifecycle.Event) bool { _, err := lifecycle.Next(c.State, e); return err == nil }
 	// A live cluster (RUNNING) wants every machine on, a STOPPED one every
@@ -458,13 +461,18 @@ func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms 
 			running++
 		}
 	}
+	skew := infra.VersionSkew(ms)
 	switch {
 	case allows(lifecycle.FaultsDetected):
 		if wrong > 0 {
 			reason := fmt.Sprintf("%d of %d machines are not in the power state %s wants", wrong, len(ms), c.State)
 			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
 		}
-	case allows(lifecycle.RecoveryRequested) && infra.AllRunningAndJoined(ms):
+		if skew != "" && lifecycle.IsLive(c.State) {
+			reason := fmt.Sprintf("nodes run different Kubernetes versions (%s); run the upgrade again", skew)
+			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
+		}
+	case allows(lifecycle.RecoveryRequested) && infra.AllRunningAndJoined(ms) && skew == "":
 		return "recover", func() error { return s.cfg.Recoverer.RecoverAlert(ctx, c) }
 	case allows(lifecycle.StopRequested) && running == 0:
 		return "stop", func() error { return s.cfg.Recoverer.StopAlert(ctx, c) }
