@@ -118,6 +118,20 @@ var errBind = errors.New("address in use")
 
 func launch(t *testing.T, id string, args []string, attempt int) (*server, error) {
 	t.Helper()
+	s, err := spawn(t, id, args, attempt)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.waitServing(t, startTimeout); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// spawn starts the clusterd binary with args on free ports and connects
+// clients to it, without waiting for it to serve.
+func spawn(t *testing.T, id string, args []string, attempt int) (*server, error) {
+	t.Helper()
 	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
 	logPath := filepath.Join(t.TempDir(), fmt.Sprintf("%s-%d.log", id, attempt))
 	logFile, err := os.Create(logPath)
@@ -159,27 +173,34 @@ func launch(t *testing.T, id string, args []string, attempt int) (*server, error
 	s.clusters = clv1.NewClusterLifecycleClient(s.conn)
 	s.sim = clv1.NewSimulatorClient(s.conn)
 	s.ops = longrunningpb.NewOperationsClient(s.conn)
+	return s, nil
+}
+
+// waitServing waits until the process's health check answers SERVING; it
+// fails (errBind for ports taken under it) if the process exits first.
+func (s *server) waitServing(t *testing.T, timeout time.Duration) error {
+	t.Helper()
 	health := healthpb.NewHealthClient(s.conn)
-	deadline := time.Now().Add(startTimeout)
+	deadline := time.Now().Add(timeout)
 	for {
 		select {
 		case <-s.exited:
-			out := readLog(logPath)
+			out := readLog(s.logPath)
 			if strings.Contains(out, "address already in use") {
-				return nil, fmt.Errorf("%w: %s", errBind, out)
+				return fmt.Errorf("%w: %s", errBind, out)
 			}
-			return nil, fmt.Errorf("exited before serving (%v):\n%s", s.cmd.ProcessState, out)
+			return fmt.Errorf("exited before serving (%v):\n%s", s.cmd.ProcessState, out)
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
 		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return s, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
 			s.kill9()
-			return nil, fmt.Errorf("not SERVING within %s (last: %v %v):\n%s", startTimeout, resp.GetStatus(), err, readLog(logPath))
+			return fmt.Errorf("not SERVING within %s (last: %v %v):\n%s", timeout, resp.GetStatus(), err, readLog(s.logPath))
 		}
 		time.Sleep(pollEvery)
 	}
