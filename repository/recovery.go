@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 
 	"github.com/clusterd/clusterd/lifecycle"
 )
@@ -181,7 +182,12 @@ func (s *Store) UnheldClusters(ctx context.Context, states []lifecycle.State, af
 	return toClusters(rows)
 }
 
-// RecordEvent adds a history entry that changes no state (a repair).
+// RecordEvent adds a history entry that changes no state (a repair). An
+// entry that names an operation is written only while that operation holds
+// the cluster, checked with the cluster's row locked (MySQL; SQLite
+// transactions are serial), so the history never shows a job acting after
+// it lost the cluster; otherwise nothing is written and the error wraps
+// ErrNotHeld.
 func (s *Store) RecordEvent(ctx context.Context, e Event) error {
 	server := e.Server
 	if server == "" {
@@ -191,8 +197,30 @@ func (s *Store) RecordEvent(ctx context.Context, e Event) error {
 		ClusterID: e.ClusterID, Time: s.stamp(), FromState: e.From.String(), Event: e.Name,
 		ToState: e.To.String(), Operation: e.Operation, Server: server, Message: e.Message,
 	}
-	if err := s.retrying(ctx, func() error { return classify(s.db.WithContext(ctx).Create(&row).Error) }); err != nil {
+	notHeld := false
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		notHeld = false
+		if e.Operation != "" {
+			q := tx.Select("id", "current_operation").Where("id = ?", e.ClusterID)
+			if s.backend == MySQL {
+				q = q.Clauses(clause.Locking{Strength: "UPDATE"})
+			}
+			var c clusterRow
+			if err := q.Take(&c).Error; err != nil {
+				return classify(err)
+			}
+			if c.CurrentOperation != e.Operation {
+				notHeld = true
+				return nil
+			}
+		}
+		return classify(tx.Create(&row).Error)
+	})
+	if err != nil {
 		return fmt.Errorf("record %s event of cluster %s: %w", e.Name, e.ClusterID, err)
+	}
+	if notHeld {
+		return fmt.Errorf("record %s event of cluster %s by %s: %w", e.Name, e.ClusterID, e.Operation, ErrNotHeld)
 	}
 	return nil
 }
