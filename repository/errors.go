@@ -74,6 +74,7 @@ const (
 	mysqlLockWaitTimeout = 1205
 	mysqlDeadlock        = 1213
 	mysqlDuplicateKey    = 1062
+	mysqlUnknownVariable = 1193
 )
 
 // MySQL and MariaDB error numbers of a server going away or too busy to take

@@ -288,3 +288,55 @@ func TestLivenessAndJobEndsDoNotDeadlock(t *testing.T) {
 		}
 	})
 }
+
+// A process frozen in the middle of a transaction (SIGSTOP, a paused VM)
+// holds its row locks for as long as MariaDB keeps its session: with
+// WithIdleTransactionTimeout, MariaDB ends the session once it has idled that
+// long inside the transaction, so a peer's write on the same rows goes
+// through instead of waiting for the frozen process to wake; the frozen
+// transaction wrote nothing.
+func TestFrozenTransactionReleasesItsLocks(t *testing.T) {
+	mysqlOnly(t, func(t *testing.T, dsn string) {
+		ctx := ctxT(t)
+		frozen, err := repository.Open(ctx, dsn, repository.WithIdleTransactionTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = frozen.Close() })
+		peer, err := repository.Open(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = peer.Close() })
+		c, j := create(t, peer, "web")
+
+		locked, wake := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- frozen.Fenced(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Step: "power_off"}, func(tx *repository.Store) error {
+				close(locked) // the cluster's and the job's rows are locked
+				<-wake        // frozen
+				_, err := tx.ListMachines(ctx, c.ID)
+				return err
+			})
+		}()
+		<-locked
+		began := time.Now()
+		if _, err := peer.FinishJob(ctx, repository.Finish{JobID: j.ID, Status: repository.JobFailed, Error: "owner server stopped",
+			Release: &repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.CreateFailed}}); err != nil {
+			t.Fatalf("the peer's write on the frozen transaction's rows: %v", err)
+		}
+		took := time.Since(began)
+		close(wake)
+		if err := <-done; err == nil {
+			t.Error("the frozen transaction committed after MariaDB ended its session")
+		}
+		if took > 4*time.Second {
+			t.Errorf("the peer waited %s for the frozen transaction's locks; want about the 1s idle timeout", took)
+		}
+		t.Logf("peer write went through %s after the transaction froze", took.Round(time.Millisecond))
+		if calls, _ := peer.SimCalls(ctx, c.ID); len(calls) != 0 {
+			t.Errorf("the frozen call was logged: %+v", calls)
+		}
+	})
+}

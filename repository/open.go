@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,6 +42,8 @@ type Store struct {
 	inTx bool
 	// onRetry, optional, sees every lock conflict (WithRetryHook).
 	onRetry func(attempt int, err error)
+	// idleTx is MariaDB's idle_transaction_timeout (0: the server's).
+	idleTx time.Duration
 }
 
 // Option changes how Open builds a Store.
@@ -50,6 +53,17 @@ type Option func(*Store)
 // so tests can control time without sleeping.
 func WithClock(now func() time.Time) Option {
 	return func(s *Store) { s.now = now }
+}
+
+// WithIdleTransactionTimeout makes MariaDB end a session that sits idle
+// inside a transaction for longer than d (its idle_transaction_timeout; MySQL
+// has none and ignores this), rolling it back and releasing its row locks.
+// clusterd's transactions never wait between their statements, so only a
+// process that is frozen (SIGSTOP, a VM paused) or cut off mid-transaction
+// is affected; without it, its locks would keep its peers from recovering the
+// clusters it held until it woke. Give it less than the peer timeout.
+func WithIdleTransactionTimeout(d time.Duration) Option {
+	return func(s *Store) { s.idleTx = d }
 }
 
 // WithServerID names the server process using the Store; history entries
@@ -76,7 +90,6 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	for _, o := range opts {
 		o(s)
 	}
-	var dialector gorm.Dialector
 	switch {
 	case strings.HasPrefix(dsn, "sqlite:"):
 		path := strings.TrimPrefix(dsn, "sqlite:")
@@ -84,30 +97,50 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("open database: %w: empty sqlite path in %q", ErrInvalidDSN, dsn)
 		}
 		s.backend = SQLite
-		dialector = sqlite.Open(sqliteDSN(path))
+		if err := s.connect(ctx, sqlite.Open(sqliteDSN(path))); err != nil {
+			return nil, err
+		}
 	case strings.HasPrefix(dsn, "mysql://"):
-		driverDSN, err := mysqlDSN(dsn)
+		s.backend = MySQL
+		driverDSN, err := mysqlDSN(dsn, s.idleTx)
 		if err != nil {
 			return nil, fmt.Errorf("open database: %w: %w", ErrInvalidDSN, err)
 		}
-		s.backend = MySQL
-		dialector = gormmysql.New(gormmysql.Config{DSN: driverDSN})
+		err = s.connect(ctx, gormmysql.New(gormmysql.Config{DSN: driverDSN}))
+		var my *mysql.MySQLError
+		if errors.As(err, &my) && my.Number == mysqlUnknownVariable && s.idleTx > 0 {
+			// MySQL has no idle_transaction_timeout (MariaDB does).
+			driverDSN, _ = mysqlDSN(dsn, 0)
+			err = s.connect(ctx, gormmysql.New(gormmysql.Config{DSN: driverDSN}))
+		}
+		if err != nil {
+			return nil, err
+		}
 	default:
 		return nil, fmt.Errorf("open database: %w: unsupported DSN %q (want sqlite:<path> or mysql://user:pass@host:port/db)", ErrInvalidDSN, redact(dsn))
 	}
+	sqlDB := s.sqlDB
+	if err := migrate(ctx, s.backend, sqlDB); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("open %s database: %w", s.backend, err)
+	}
+	return s, nil
+}
+
+// connect opens the connection pool through dialector and pings it.
+func (s *Store) connect(ctx context.Context, dialector gorm.Dialector) error {
 	db, err := gorm.Open(dialector, &gorm.Config{
 		Logger:                 logger.Default.LogMode(logger.Silent),
 		SkipDefaultTransaction: true,
 		NowFunc:                func() time.Time { return s.now().UTC() },
 	})
 	if err != nil {
-		return nil, fmt.Errorf("open %s database: %w", s.backend, classify(err))
+		return fmt.Errorf("open %s database: %w", s.backend, classify(err))
 	}
 	sqlDB, err := db.DB()
 	if err != nil {
-		return nil, fmt.Errorf("open %s database: %w", s.backend, err)
+		return fmt.Errorf("open %s database: %w", s.backend, err)
 	}
-	s.db, s.sqlDB = db, sqlDB
 	if s.backend == SQLite {
 		// Measured here: several SQLite writer connections stall for seconds and
 		// fail with SQLITE_BUSY under 8-32 concurrent writers; one connection
@@ -118,15 +151,12 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		sqlDB.SetMaxIdleConns(16)
 		sqlDB.SetConnMaxLifetime(5 * time.Minute)
 	}
-	if err := s.Ping(ctx); err != nil {
+	if err := sqlDB.PingContext(ctx); err != nil {
 		_ = sqlDB.Close()
-		return nil, fmt.Errorf("open %s database: %w", s.backend, err)
+		return fmt.Errorf("open %s database: ping: %w: %w", s.backend, ErrUnavailable, err)
 	}
-	if err := migrate(ctx, s.backend, sqlDB); err != nil {
-		_ = sqlDB.Close()
-		return nil, fmt.Errorf("open %s database: %w", s.backend, err)
-	}
-	return s, nil
+	s.db, s.sqlDB = db, sqlDB
+	return nil
 }
 
 // Backend says which dialect the Store speaks.
@@ -157,7 +187,7 @@ func sqliteDSN(path string) string {
 
 // mysqlDSN turns mysql://user:pass@host:port/db?opts into the driver's DSN,
 // forcing the options compare-and-set depends on.
-func mysqlDSN(dsn string) (string, error) {
+func mysqlDSN(dsn string, idleTx time.Duration) (string, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return "", fmt.Errorf("parse mysql DSN %q: %w", redact(dsn), err)
@@ -202,6 +232,9 @@ func mysqlDSN(dsn string) (string, error) {
 	}
 	if _, ok := cfg.Params["time_zone"]; !ok {
 		cfg.Params["time_zone"] = "'+00:00'"
+	}
+	if _, ok := cfg.Params["idle_transaction_timeout"]; !ok && idleTx > 0 {
+		cfg.Params["idle_transaction_timeout"] = strconv.Itoa(int(max(time.Second, idleTx).Round(time.Second) / time.Second))
 	}
 	return cfg.FormatDSN(), nil
 }

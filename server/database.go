@@ -20,7 +20,10 @@ func openDatabase(ctx context.Context, cfg Config) (*repository.Store, error) {
 	for attempt := 1; ; attempt++ {
 		left := time.Until(deadline)
 		attemptCtx, cancel := context.WithTimeout(ctx, min(max(left, time.Second), 10*time.Second))
-		store, err := repository.Open(attemptCtx, cfg.Database, repository.WithServerID(cfg.ServerID))
+		store, err := repository.Open(attemptCtx, cfg.Database, repository.WithServerID(cfg.ServerID),
+			// A frozen process's transaction must not keep its peers from
+			// recovering what it held: MariaDB ends it well before they act.
+			repository.WithIdleTransactionTimeout(cfg.PeerTimeout/2))
 		cancel()
 		switch {
 		case err == nil:

@@ -315,6 +315,12 @@ func (c *Config) defaults() error {
 	if c.DatabaseWait <= 0 {
 		c.DatabaseWait = 60 * time.Second
 	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = time.Second
+	}
+	if c.PeerTimeout <= 0 {
+		c.PeerTimeout = 6 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
