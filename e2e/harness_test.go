@@ -132,9 +132,14 @@ func launch(t *testing.T, id string, args []string, attempt int) (*server, error
 // clients to it, without waiting for it to serve.
 func spawn(t *testing.T, id string, args []string, attempt int) (*server, error) {
 	t.Helper()
-	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
-	logPath := filepath.Join(t.TempDir(), fmt.Sprintf("%s-%d.log", id, attempt))
-	logFile, err := os.Create(logPath)
+	return spawnAt(t, id, args, freeAddr(t), freeAddr(t), filepath.Join(t.TempDir(), fmt.Sprintf("%s-%d.log", id, attempt)))
+}
+
+// spawnAt is spawn on given addresses, logging to logPath (appending, so a
+// process restarted on the same addresses keeps one log).
+func spawnAt(t *testing.T, id string, args []string, grpcAddr, httpAddr, logPath string) (*server, error) {
+	t.Helper()
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
