@@ -12,7 +12,7 @@ GRPCURL_VERSION        := v1.9.4
 
 GO_PACKAGES := ./...
 
-.PHONY: all tools generate check-generated lint build run test fuzz mariadb bench clean clients
+.PHONY: all tools generate check-generated lint build run test fuzz chaos mariadb bench clean clients
 
 all: lint build test
 
@@ -89,6 +89,15 @@ fuzz: mariadb
 ## Python) against a fresh bin/clusterd.
 clients: build tools
 	bash scripts/clients.sh
+
+## chaos: the chaos soak, 5 minutes (CLUSTERD_CHAOS_DURATION to change it):
+## 3 clusterd processes on a private MariaDB, 16 clients, 20 clusters, a
+## process SIGKILLed and restarted every ~20s, a SIGSTOP longer than the peer
+## timeout, a MariaDB restart; then the invariant checker and the figures.
+## make test runs a 40s variant of it.
+chaos:
+	set -o pipefail; CLUSTERD_CHAOS_DURATION=$${CLUSTERD_CHAOS_DURATION:-5m} \
+	  go test -count=1 -timeout 30m -run '^TestChaos$$' -v ./e2e 2>&1 | grep -vE '^\s*=== (RUN|PAUSE|CONT)'
 
 ## bench: benchmarks (ratios against a baseline measured in the same run).
 bench: mariadb

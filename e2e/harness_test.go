@@ -118,9 +118,28 @@ var errBind = errors.New("address in use")
 
 func launch(t *testing.T, id string, args []string, attempt int) (*server, error) {
 	t.Helper()
-	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
-	logPath := filepath.Join(t.TempDir(), fmt.Sprintf("%s-%d.log", id, attempt))
-	logFile, err := os.Create(logPath)
+	s, err := spawn(t, id, args, attempt)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.waitServing(t, startTimeout); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// spawn starts the clusterd binary with args on free ports and connects
+// clients to it, without waiting for it to serve.
+func spawn(t *testing.T, id string, args []string, attempt int) (*server, error) {
+	t.Helper()
+	return spawnAt(t, id, args, freeAddr(t), freeAddr(t), filepath.Join(t.TempDir(), fmt.Sprintf("%s-%d.log", id, attempt)))
+}
+
+// spawnAt is spawn on given addresses, logging to logPath (appending, so a
+// process restarted on the same addresses keeps one log).
+func spawnAt(t *testing.T, id string, args []string, grpcAddr, httpAddr, logPath string) (*server, error) {
+	t.Helper()
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -159,27 +178,34 @@ func launch(t *testing.T, id string, args []string, attempt int) (*server, error
 	s.clusters = clv1.NewClusterLifecycleClient(s.conn)
 	s.sim = clv1.NewSimulatorClient(s.conn)
 	s.ops = longrunningpb.NewOperationsClient(s.conn)
+	return s, nil
+}
+
+// waitServing waits until the process's health check answers SERVING; it
+// fails (errBind for ports taken under it) if the process exits first.
+func (s *server) waitServing(t *testing.T, timeout time.Duration) error {
+	t.Helper()
 	health := healthpb.NewHealthClient(s.conn)
-	deadline := time.Now().Add(startTimeout)
+	deadline := time.Now().Add(timeout)
 	for {
 		select {
 		case <-s.exited:
-			out := readLog(logPath)
+			out := readLog(s.logPath)
 			if strings.Contains(out, "address already in use") {
-				return nil, fmt.Errorf("%w: %s", errBind, out)
+				return fmt.Errorf("%w: %s", errBind, out)
 			}
-			return nil, fmt.Errorf("exited before serving (%v):\n%s", s.cmd.ProcessState, out)
+			return fmt.Errorf("exited before serving (%v):\n%s", s.cmd.ProcessState, out)
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
 		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return s, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
 			s.kill9()
-			return nil, fmt.Errorf("not SERVING within %s (last: %v %v):\n%s", startTimeout, resp.GetStatus(), err, readLog(logPath))
+			return fmt.Errorf("not SERVING within %s (last: %v %v):\n%s", timeout, resp.GetStatus(), err, readLog(s.logPath))
 		}
 		time.Sleep(pollEvery)
 	}

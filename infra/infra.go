@@ -7,11 +7,48 @@
 //
 // The default implementation is the simulator (package infra/sim); real
 // drivers come later behind the same interface.
+//
+// # Fencing
+//
+// A job may lose its cluster while it runs: its server is paused, cut off
+// or declared dead, or another process took its server id, and a peer's
+// recovery has failed the job and taken the cluster over. Such a job must
+// not change anything any more, even in a step that was already on its way
+// (held, slow, or sent just before the pause). So every call carries the
+// job that makes it (Call.Operation, with Call.ClusterID), and a driver must
+// make this promise:
+//
+//   - A call that changes anything is refused unless, at the moment of the
+//     change, the job still holds the cluster: the cluster's current
+//     operation is that job and the job is IN_PROGRESS. A refused call
+//     returns an error wrapping ErrFenced and changes nothing.
+//   - "At the moment of the change" means atomically with it: the check and
+//     the change must be ordered against the writes that take a cluster
+//     from a job (a recovery failing the job, a claim, the job's own end),
+//     all of which lock the cluster's row first and then the job's. The
+//     simulator does the check and its machine writes in one database
+//     transaction with both rows locked (repository.Store.Fenced). A real
+//     driver does the same around its own bookkeeping, or, for an external
+//     API that cannot join the transaction, passes the job id as the
+//     request's idempotency or lease token and checks the holder under the
+//     cluster's row lock immediately before and after the call, treating a
+//     change it cannot fence as the step's own failure to be repaired.
+//   - A call with no job, or for a cluster that does not exist, is refused.
+//   - Calls that only read (Machines, Machine, Rules) are not fenced.
+//
+// The job treats ErrFenced as the end of its work: it stops at once, and
+// does not repair or release anything, since the cluster belongs to
+// someone else. Checking the server's lease before each step (the runner
+// does) makes refusals rare; fencing is what makes them harmless.
 package infra
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -94,16 +131,25 @@ type Rule struct {
 	Port      int32
 }
 
-// Call says who runs a step: fault injection matches on the cluster, and the
-// simulator lists held steps with their operation and machine.
+// Call says who runs a step. Operation, the job making the call, with
+// ClusterID is the fencing token (see the package doc): a driver refuses the
+// call unless that job still holds that cluster. Fault injection matches on
+// the cluster, and the simulator lists held steps with their operation and
+// machine.
 type Call struct {
 	ClusterID string
+	// Operation is the id of the job making the call.
 	Operation string
 	MachineID string
 }
 
 // ErrNotFound: the machine does not exist.
 var ErrNotFound = errors.New("machine not found")
+
+// ErrFenced: the call was refused because its job no longer holds the
+// cluster (see Fencing in the package doc). Nothing was changed; the job
+// must stop.
+var ErrFenced = errors.New("job no longer holds the cluster")
 
 // ErrUnusable: a machine cannot be used as asked (AddNodes of a machine that
 // is not a free, running EXTERNAL machine; taken concurrently by another
@@ -176,4 +222,31 @@ func AllRunningAndJoined(machines []Machine) bool {
 		}
 	}
 	return len(machines) > 0
+}
+
+// VersionSkew says which Kubernetes versions a cluster's machines run when
+// they do not all run the same one ("1.30.2 on 2 nodes, 1.30.5 on 1 node"),
+// and is empty when they do (machines that run none yet are not counted). A
+// cluster with a skew is not healthy, whatever its power (SPEC §5.2): an
+// upgrade was interrupted, and only running it again makes the nodes equal.
+func VersionSkew(machines []Machine) string {
+	count := map[string]int{}
+	for _, m := range machines {
+		if m.KubernetesVersion != "" {
+			count[m.KubernetesVersion]++
+		}
+	}
+	if len(count) < 2 {
+		return ""
+	}
+	versions := slices.Sorted(maps.Keys(count))
+	parts := make([]string, len(versions))
+	for i, v := range versions {
+		noun := "nodes"
+		if count[v] == 1 {
+			noun = "node"
+		}
+		parts[i] = fmt.Sprintf("%s on %d %s", v, count[v], noun)
+	}
+	return strings.Join(parts, ", ")
 }

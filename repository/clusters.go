@@ -113,7 +113,7 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		Event: ClusterCreated, ToState: lifecycle.Created.String(), Operation: nj.ID,
 		Server: nj.ServerID, Message: "cluster created",
 	}
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		if err := tx.Create(&row).Error; err != nil {
 			return fmt.Errorf("insert cluster: %w", classify(err))
 		}
@@ -189,7 +189,7 @@ func (s *Store) ListClusters(ctx context.Context, q ClusterQuery) ([]Cluster, er
 // written in either case.
 func (s *Store) Transition(ctx context.Context, t Transition) (Cluster, error) {
 	var out clusterRow
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		row, err := s.casCluster(tx, t)
 		out = row
 		return err
@@ -218,7 +218,7 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		out clusterRow
 		job jobRow
 	)
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		row, err := s.casCluster(tx, t)
 		if err != nil {
 			return err
@@ -311,24 +311,22 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (clusterRow, error) {
 }
 
 // explain turns a missed compare-and-set into ErrNotFound or a *ConflictError
-// saying what the row holds now, and wraps everything else with context.
+// saying what the row holds now, and wraps everything else with context. A
+// lock conflict is not a miss: it was retried (see retrying) and, if it kept
+// failing, is ErrUnavailable, since nobody need have changed the cluster.
 func (s *Store) explain(ctx context.Context, t Transition, err error) error {
-	if !errors.Is(err, errMissed) && !errors.Is(err, ErrConflict) {
+	if !errors.Is(err, errMissed) {
 		return fmt.Errorf("cluster %s: %w", t.ClusterID, err)
 	}
 	conflict := &ConflictError{ClusterID: t.ClusterID, Want: t.Expect}
-	if errors.Is(err, errMissed) {
-		got, gerr := s.GetCluster(ctx, t.ClusterID)
-		if errors.Is(gerr, ErrNotFound) {
-			return gerr
-		}
-		if gerr == nil {
-			conflict.Got = got.Expect()
-		}
-		return conflict
+	got, gerr := s.GetCluster(ctx, t.ClusterID)
+	if errors.Is(gerr, ErrNotFound) {
+		return gerr
 	}
-	// A MySQL deadlock or lock wait timeout: the write did not happen.
-	return fmt.Errorf("%w (%w)", conflict, err)
+	if gerr == nil {
+		conflict.Got = got.Expect()
+	}
+	return conflict
 }
 
 // ListEvents returns up to limit history entries of a cluster after the

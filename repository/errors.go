@@ -20,18 +20,21 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrConflict: a compare-and-set missed because someone else moved the row
 	// first. Nothing was written. Use errors.As with *ConflictError for details.
+	// Only a real miss is a conflict: a transaction that InnoDB rolled back on
+	// a deadlock or a lock wait timeout is run again (see retrying), and one
+	// that keeps losing is ErrUnavailable.
 	ErrConflict = errors.New("concurrent modification")
 	// ErrAlreadyExists: a unique key (display name, request id) is taken.
 	ErrAlreadyExists = errors.New("already exists")
-	// ErrUnavailable: the database did not answer; the write may or may not
-	// have happened, so callers must re-read before acting on it.
+	// ErrUnavailable: the database did not answer, or could not do the write
+	// just now (a lock conflict that outlasted its retries); the write may or
+	// may not have happened, so callers must re-read before acting on it.
 	ErrUnavailable = errors.New("database unavailable")
 )
 
 // ConflictError says what a compare-and-set expected and what it found, so
-// the caller can tell a user which operation took the cluster. Found is the
-// zero Expect when the row could not be re-read (for example after a MySQL
-// deadlock, which is reported as a lost race too).
+// the caller can tell a user which operation took the cluster. Got is the
+// zero Expect when the row could not be re-read.
 type ConflictError struct {
 	ClusterID string
 	Want      Expect
@@ -63,14 +66,26 @@ func (e Expect) String() string {
 	return fmt.Sprintf("%s@v%d (operation %s)", e.State, e.Version, op)
 }
 
-// MySQL error numbers that mean "another writer won": a deadlock (1213, which
-// Galera also returns at COMMIT for a certification failure) or a lock wait
-// timeout (1205). A state write that hits them did not happen.
+// MySQL error numbers: a deadlock (1213, which Galera also returns at COMMIT
+// for a certification failure) or a lock wait timeout (1205) rolled the
+// statement or transaction back: nothing was written, and it is run again
+// (errLockConflict). A duplicate key (1062) is ErrAlreadyExists.
 const (
 	mysqlLockWaitTimeout = 1205
 	mysqlDeadlock        = 1213
 	mysqlDuplicateKey    = 1062
+	mysqlUnknownVariable = 1193
 )
+
+// MySQL and MariaDB error numbers of a server going away or too busy to take
+// the connection: the statement did not run, and may once it is back
+// (ErrUnavailable).
+var mysqlUnavailable = map[uint16]bool{
+	1040: true, // too many connections
+	1053: true, // server shutdown in progress
+	1317: true, // query execution was interrupted (a shutdown kills queries)
+	1927: true, // connection was killed (MariaDB, at shutdown)
+}
 
 // classify turns driver errors into the package's sentinels so that no caller
 // ever sees a driver type. Errors it does not know are returned unchanged.
@@ -82,9 +97,12 @@ func classify(err error) error {
 	if errors.As(err, &my) {
 		switch my.Number {
 		case mysqlDeadlock, mysqlLockWaitTimeout:
-			return fmt.Errorf("%w: %w", ErrConflict, err)
+			return fmt.Errorf("%w: %w: %w", ErrUnavailable, errLockConflict, err)
 		case mysqlDuplicateKey:
 			return fmt.Errorf("%w: %w", ErrAlreadyExists, err)
+		}
+		if mysqlUnavailable[my.Number] {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return err
 	}
@@ -99,4 +117,10 @@ func classify(err error) error {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return err
+}
+
+// isLockWaitTimeout reports whether err is MySQL's lock wait timeout (1205).
+func isLockWaitTimeout(err error) bool {
+	var my *mysql.MySQLError
+	return errors.As(err, &my) && my.Number == mysqlLockWaitTimeout
 }

@@ -110,14 +110,18 @@ type Progress struct {
 // requested (possibly through another server). A job that is no longer
 // IN_PROGRESS (recovery failed it) is a *JobConflictError: its work must stop.
 func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (Job, error) {
-	res := s.db.WithContext(ctx).Model(&jobRow{}).
-		Where("id = ? AND status = ?", jobID, string(JobInProgress)).
-		Updates(map[string]any{
-			"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
-			"update_time": s.stamp(),
-		})
-	if res.Error != nil {
-		return Job{}, fmt.Errorf("record progress of job %s: %w", jobID, classify(res.Error))
+	var res *gorm.DB
+	err := s.retrying(ctx, func() error {
+		res = s.db.WithContext(ctx).Model(&jobRow{}).
+			Where("id = ? AND status = ?", jobID, string(JobInProgress)).
+			Updates(map[string]any{
+				"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
+				"update_time": s.stamp(),
+			})
+		return classify(res.Error)
+	})
+	if err != nil {
+		return Job{}, fmt.Errorf("record progress of job %s: %w", jobID, err)
 	}
 	job, err := s.GetJob(ctx, jobID)
 	if err != nil {
@@ -148,11 +152,13 @@ func (e *JobConflictError) Unwrap() error { return ErrConflict }
 // stops at the next step). Cancelling a finished job changes nothing and is
 // not an error; the job is returned as stored either way.
 func (s *Store) RequestCancel(ctx context.Context, jobID string) (Job, error) {
-	res := s.db.WithContext(ctx).Model(&jobRow{}).
-		Where("id = ? AND status = ?", jobID, string(JobInProgress)).
-		Updates(map[string]any{"cancel_requested": true, "update_time": s.stamp()})
-	if res.Error != nil {
-		return Job{}, fmt.Errorf("cancel job %s: %w", jobID, classify(res.Error))
+	err := s.retrying(ctx, func() error {
+		return classify(s.db.WithContext(ctx).Model(&jobRow{}).
+			Where("id = ? AND status = ?", jobID, string(JobInProgress)).
+			Updates(map[string]any{"cancel_requested": true, "update_time": s.stamp()}).Error)
+	})
+	if err != nil {
+		return Job{}, fmt.Errorf("cancel job %s: %w", jobID, err)
 	}
 	return s.GetJob(ctx, jobID)
 }
@@ -178,9 +184,11 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 		return Job{}, fmt.Errorf("finish job %s: status %s is not final", f.JobID, f.Status)
 	}
 	notHeld := false
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// Cluster first, then job: the same lock order as Claim, so the two
-		// never deadlock each other on MySQL.
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		notHeld = false // this may be a second attempt
+		// Cluster first, then job: the same lock order as Claim and as a
+		// fenced infrastructure write, so they never deadlock each other on
+		// MySQL.
 		if f.Release != nil {
 			t := *f.Release
 			t.Operation = ""

@@ -128,8 +128,9 @@ func (s *Store) CreateMachine(ctx context.Context, m Machine) (Machine, error) {
 		CreateTime:        now,
 		UpdateTime:        now,
 	}
-	if err := s.db.WithContext(ctx).Create(&row).Error; err != nil {
-		return Machine{}, fmt.Errorf("create machine %s: %w", m.ID, classify(err))
+	err := s.retrying(ctx, func() error { return classify(s.db.WithContext(ctx).Create(&row).Error) })
+	if err != nil {
+		return Machine{}, fmt.Errorf("create machine %s: %w", m.ID, err)
 	}
 	return row.toMachine(), nil
 }
@@ -201,7 +202,7 @@ func (s *Store) UpdateMachine(ctx context.Context, id string, cond MachineCondit
 	}
 
 	var out Machine
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		q := tx.Model(&machineRow{}).Where("id = ?", id)
 		if len(cond.ClusterIDs) > 0 {
 			q = q.Where("cluster_id IN ?", cond.ClusterIDs)
@@ -268,7 +269,7 @@ func clusterOrFree(id string) string {
 // DeleteMachine deletes a machine and its network rules in one transaction.
 // A machine that is already gone is deleted: destroying is idempotent.
 func (s *Store) DeleteMachine(ctx context.Context, id string) error {
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		if err := tx.Where("machine_id = ?", id).Delete(&networkRuleRow{}).Error; err != nil {
 			return classify(err)
 		}
@@ -306,9 +307,11 @@ func (s *Store) AddNetworkRules(ctx context.Context, rules []NetworkRule) error 
 	for i, r := range rules {
 		rows[i] = networkRuleRow{ClusterID: r.ClusterID, MachineID: r.MachineID, Kind: r.Kind, Port: r.Port}
 	}
-	err := s.db.WithContext(ctx).Clauses(clause.OnConflict{DoNothing: true}).Create(&rows).Error
+	err := s.retrying(ctx, func() error {
+		return classify(s.db.WithContext(ctx).Clauses(clause.OnConflict{DoNothing: true}).Create(&rows).Error)
+	})
 	if err != nil {
-		return fmt.Errorf("add %d network rules: %w", len(rules), classify(err))
+		return fmt.Errorf("add %d network rules: %w", len(rules), err)
 	}
 	return nil
 }
@@ -319,7 +322,7 @@ func (s *Store) DeleteNetworkRules(ctx context.Context, rules []NetworkRule) err
 	if len(rules) == 0 {
 		return nil
 	}
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		for _, r := range rules {
 			err := tx.Where("cluster_id = ? AND machine_id = ? AND kind = ? AND port = ?",
 				r.ClusterID, r.MachineID, r.Kind, r.Port).Delete(&networkRuleRow{}).Error

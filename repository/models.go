@@ -122,6 +122,10 @@ type Server struct {
 	Incarnation   string
 	StartTime     time.Time
 	HeartbeatTime time.Time
+	// Host and PID say which process runs the incarnation (empty and 0 in
+	// rows of servers that predate them, or that RegisterServer wrote).
+	Host string
+	PID  int64
 }
 
 // clusterRow, jobRow, eventRow and serverRow are the GORM mappings. They stay
@@ -194,9 +198,18 @@ type serverRow struct {
 	Incarnation   string
 	StartTime     time.Time
 	HeartbeatTime time.Time
+	Host          string
+	PID           int64 `gorm:"column:pid"`
 }
 
 func (serverRow) TableName() string { return "servers" }
+
+func (r *serverRow) toServer() Server {
+	return Server{
+		ID: r.ID, Incarnation: r.Incarnation, StartTime: r.StartTime.UTC(), HeartbeatTime: r.HeartbeatTime.UTC(),
+		Host: r.Host, PID: r.PID,
+	}
+}
 
 func (r *clusterRow) toCluster() (Cluster, error) {
 	st, err := lifecycle.ParseState(r.State)

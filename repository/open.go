@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,6 +40,13 @@ type Store struct {
 	backend Backend
 	now     func() time.Time
 	server  string
+	// inTx is set on a Store bound to one transaction (see Fenced): its
+	// writes are not retried on their own (see retrying).
+	inTx bool
+	// onRetry, optional, sees every lock conflict (WithRetryHook).
+	onRetry func(attempt int, err error)
+	// idleTx is MariaDB's idle_transaction_timeout (0: the server's).
+	idleTx time.Duration
 }
 
 // Option changes how Open builds a Store.
@@ -50,11 +58,27 @@ func WithClock(now func() time.Time) Option {
 	return func(s *Store) { s.now = now }
 }
 
+// WithIdleTransactionTimeout makes MariaDB end a session that sits idle
+// inside a transaction for longer than d (its idle_transaction_timeout; MySQL
+// has none and ignores this), rolling it back and releasing its row locks.
+// clusterd's transactions never wait between their statements, so only a
+// process that is frozen (SIGSTOP, a VM paused) or cut off mid-transaction
+// is affected; without it, its locks would keep its peers from recovering the
+// clusters it held until it woke. Give it less than the peer timeout.
+func WithIdleTransactionTimeout(d time.Duration) Option {
+	return func(s *Store) { s.idleTx = d }
+}
+
 // WithServerID names the server process using the Store; history entries
 // it writes record it unless a Transition names another.
 func WithServerID(id string) Option {
 	return func(s *Store) { s.server = id }
 }
+
+// ErrInvalidDSN: the database name given cannot be opened whatever the
+// database does (an unknown scheme, no path, no database name); waiting for
+// the database will not help.
+var ErrInvalidDSN = errors.New("invalid database DSN")
 
 // Open connects to the database named by dsn, runs the schema migrations and
 // returns a ready Store. Two forms are accepted:
@@ -69,41 +93,60 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	for _, o := range opts {
 		o(s)
 	}
-	var dialector gorm.Dialector
 	switch {
 	case strings.HasPrefix(dsn, "sqlite:"):
 		path := strings.TrimPrefix(dsn, "sqlite:")
 		if path == "" {
-			return nil, fmt.Errorf("open database: empty sqlite path in %q", dsn)
+			return nil, fmt.Errorf("open database: %w: empty sqlite path in %q", ErrInvalidDSN, dsn)
 		}
 		if err := sqliteFolderExists(path); err != nil {
 			return nil, fmt.Errorf("open database: %w", err)
 		}
 		s.backend = SQLite
-		dialector = sqlite.Open(sqliteDSN(path))
-	case strings.HasPrefix(dsn, "mysql://"):
-		driverDSN, err := mysqlDSN(dsn)
-		if err != nil {
-			return nil, fmt.Errorf("open database: %w", err)
+		if err := s.connect(ctx, sqlite.Open(sqliteDSN(path))); err != nil {
+			return nil, err
 		}
+	case strings.HasPrefix(dsn, "mysql://"):
 		s.backend = MySQL
-		dialector = gormmysql.New(gormmysql.Config{DSN: driverDSN})
+		driverDSN, err := mysqlDSN(dsn, s.idleTx)
+		if err != nil {
+			return nil, fmt.Errorf("open database: %w: %w", ErrInvalidDSN, err)
+		}
+		err = s.connect(ctx, gormmysql.New(gormmysql.Config{DSN: driverDSN}))
+		var my *mysql.MySQLError
+		if errors.As(err, &my) && my.Number == mysqlUnknownVariable && s.idleTx > 0 {
+			// MySQL has no idle_transaction_timeout (MariaDB does).
+			driverDSN, _ = mysqlDSN(dsn, 0)
+			err = s.connect(ctx, gormmysql.New(gormmysql.Config{DSN: driverDSN}))
+		}
+		if err != nil {
+			return nil, err
+		}
 	default:
-		return nil, fmt.Errorf("open database: unsupported DSN %q (want sqlite:<path> or mysql://user:pass@host:port/db)", redact(dsn))
+		return nil, fmt.Errorf("open database: %w: unsupported DSN %q (want sqlite:<path> or mysql://user:pass@host:port/db)", ErrInvalidDSN, redact(dsn))
 	}
+	sqlDB := s.sqlDB
+	if err := migrate(ctx, s.backend, sqlDB); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("open %s database: %w", s.backend, err)
+	}
+	return s, nil
+}
+
+// connect opens the connection pool through dialector and pings it.
+func (s *Store) connect(ctx context.Context, dialector gorm.Dialector) error {
 	db, err := gorm.Open(dialector, &gorm.Config{
 		Logger:                 logger.Default.LogMode(logger.Silent),
 		SkipDefaultTransaction: true,
 		NowFunc:                func() time.Time { return s.now().UTC() },
 	})
 	if err != nil {
-		return nil, fmt.Errorf("open %s database: %w", s.backend, classify(err))
+		return fmt.Errorf("open %s database: %w", s.backend, classify(err))
 	}
 	sqlDB, err := db.DB()
 	if err != nil {
-		return nil, fmt.Errorf("open %s database: %w", s.backend, err)
+		return fmt.Errorf("open %s database: %w", s.backend, err)
 	}
-	s.db, s.sqlDB = db, sqlDB
 	if s.backend == SQLite {
 		// Measured here: several SQLite writer connections stall for seconds and
 		// fail with SQLITE_BUSY under 8-32 concurrent writers; one connection
@@ -114,15 +157,12 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		sqlDB.SetMaxIdleConns(16)
 		sqlDB.SetConnMaxLifetime(5 * time.Minute)
 	}
-	if err := s.Ping(ctx); err != nil {
+	if err := sqlDB.PingContext(ctx); err != nil {
 		_ = sqlDB.Close()
-		return nil, fmt.Errorf("open %s database: %w", s.backend, err)
+		return fmt.Errorf("open %s database: ping: %w: %w", s.backend, ErrUnavailable, err)
 	}
-	if err := migrate(ctx, s.backend, sqlDB); err != nil {
-		_ = sqlDB.Close()
-		return nil, fmt.Errorf("open %s database: %w", s.backend, err)
-	}
-	return s, nil
+	s.db, s.sqlDB = db, sqlDB
+	return nil
 }
 
 // Backend says which dialect the Store speaks.
@@ -153,7 +193,7 @@ func sqliteDSN(path string) string {
 
 // mysqlDSN turns mysql://user:pass@host:port/db?opts into the driver's DSN,
 // forcing the options compare-and-set depends on.
-func mysqlDSN(dsn string) (string, error) {
+func mysqlDSN(dsn string, idleTx time.Duration) (string, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		// url.Error repeats the whole DSN, password included: keep only its cause.
@@ -203,6 +243,9 @@ func mysqlDSN(dsn string) (string, error) {
 	}
 	if _, ok := cfg.Params["time_zone"]; !ok {
 		cfg.Params["time_zone"] = "'+00:00'"
+	}
+	if _, ok := cfg.Params["idle_transaction_timeout"]; !ok && idleTx > 0 {
+		cfg.Params["idle_transaction_timeout"] = strconv.Itoa(int(max(time.Second, idleTx).Round(time.Second) / time.Second))
 	}
 	return cfg.FormatDSN(), nil
 }

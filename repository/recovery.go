@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
 	"github.com/clusterd/clusterd/lifecycle"
 )
 
@@ -23,27 +26,61 @@ const (
 // "owner server stopped"; errJSON builds the stored error of a reason. The
 // update is conditioned on IN_PROGRESS, so two live servers never both end a
 // job, and it never looks at a job's age.
+//
+// Each kind is found by a plain read and then failed by primary key, so the
+// write locks only the rows it changes. A range UPDATE over the jobs' status
+// index (what this was) takes next-key locks on every IN_PROGRESS job and
+// the gaps around them, and deadlocked on MySQL with a job finishing, which
+// holds its own row and inserts into one of those gaps as its status changes.
 func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff time.Time, errJSON func(reason string) string) (restarted, stopped int64, err error) {
-	now := s.stamp()
-	end := func(reason string) map[string]any {
-		return map[string]any{"status": string(JobFailed), "error": errJSON(reason), "end_time": now, "update_time": now}
-	}
-	res := s.db.WithContext(ctx).Model(&jobRow{}).
+	var earlier []string
+	err = s.db.WithContext(ctx).Model(&jobRow{}).
 		Where("status = ? AND server_id = ? AND server_incarnation <> ?", string(JobInProgress), self.ID, self.Incarnation).
-		Updates(end("server restarted"))
-	if res.Error != nil {
-		return 0, 0, fmt.Errorf("fail jobs of earlier incarnations of %s: %w", self.ID, classify(res.Error))
+		Order("id").Pluck("id", &earlier).Error
+	if err != nil {
+		return 0, 0, fmt.Errorf("find jobs of earlier incarnations of %s: %w", self.ID, classify(err))
 	}
-	restarted = res.RowsAffected
-	live := s.db.Model(&serverRow{}).Select("1").
-		Where("servers.id = jobs.server_id AND (jobs.server_incarnation = '' OR servers.incarnation = jobs.server_incarnation) AND servers.heartbeat_time >= ?", cutoff.UTC())
-	res = s.db.WithContext(ctx).Model(&jobRow{}).
-		Where("status = ? AND NOT EXISTS (?)", string(JobInProgress), live).
-		Updates(end("owner server stopped"))
-	if res.Error != nil {
-		return restarted, 0, fmt.Errorf("fail jobs of dead servers: %w", classify(res.Error))
+	if restarted, err = s.failJobs(ctx, earlier, errJSON("server restarted"), func(db *gorm.DB) *gorm.DB {
+		return db.Where("server_id = ? AND server_incarnation <> ?", self.ID, self.Incarnation)
+	}); err != nil {
+		return 0, 0, fmt.Errorf("fail jobs of earlier incarnations of %s: %w", self.ID, err)
 	}
-	return restarted, res.RowsAffected, nil
+	live := func() *gorm.DB {
+		return s.db.Model(&serverRow{}).Select("1").
+			Where("servers.id = jobs.server_id AND (jobs.server_incarnation = '' OR servers.incarnation = jobs.server_incarnation) AND servers.heartbeat_time >= ?", cutoff.UTC())
+	}
+	var orphaned []string
+	err = s.db.WithContext(ctx).Model(&jobRow{}).
+		Where("status = ? AND NOT EXISTS (?)", string(JobInProgress), live()).
+		Order("id").Pluck("id", &orphaned).Error
+	if err != nil {
+		return restarted, 0, fmt.Errorf("find jobs of dead servers: %w", classify(err))
+	}
+	// The owner is checked again in the write: a server seen dead that
+	// heartbeat since keeps its jobs.
+	if stopped, err = s.failJobs(ctx, orphaned, errJSON("owner server stopped"), func(db *gorm.DB) *gorm.DB {
+		return db.Where("NOT EXISTS (?)", live())
+	}); err != nil {
+		return restarted, 0, fmt.Errorf("fail jobs of dead servers: %w", err)
+	}
+	return restarted, stopped, nil
+}
+
+// failJobs fails the jobs ids that are still IN_PROGRESS and meet cond, by
+// primary key, and says how many it failed.
+func (s *Store) failJobs(ctx context.Context, ids []string, errJSON string, cond func(*gorm.DB) *gorm.DB) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	var n int64
+	err := s.retrying(ctx, func() error {
+		now := s.stamp()
+		res := cond(s.db.WithContext(ctx).Model(&jobRow{}).Where("id IN ? AND status = ?", ids, string(JobInProgress))).
+			Updates(map[string]any{"status": string(JobFailed), "error": errJSON, "end_time": now, "update_time": now})
+		n = res.RowsAffected
+		return classify(res.Error)
+	})
+	return n, err
 }
 
 // OwnJobsInProgress lists the IN_PROGRESS jobs of this server incarnation,
@@ -63,12 +100,16 @@ func (s *Store) OwnJobsInProgress(ctx context.Context, self Server) ([]Job, erro
 // job's own progress, so a job that moved on in between is left alone
 // (ErrConflict).
 func (s *Store) FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error {
-	now := s.stamp()
-	res := s.db.WithContext(ctx).Model(&jobRow{}).
-		Where("id = ? AND status = ? AND update_time = ?", id, string(JobInProgress), seen.UTC()).
-		Updates(map[string]any{"status": string(JobFailed), "error": errJSON, "end_time": now, "update_time": now})
-	if res.Error != nil {
-		return fmt.Errorf("fail job %s: %w", id, classify(res.Error))
+	var res *gorm.DB
+	err := s.retrying(ctx, func() error {
+		now := s.stamp()
+		res = s.db.WithContext(ctx).Model(&jobRow{}).
+			Where("id = ? AND status = ? AND update_time = ?", id, string(JobInProgress), seen.UTC()).
+			Updates(map[string]any{"status": string(JobFailed), "error": errJSON, "end_time": now, "update_time": now})
+		return classify(res.Error)
+	})
+	if err != nil {
+		return fmt.Errorf("fail job %s: %w", id, err)
 	}
 	if res.RowsAffected != 1 {
 		return fmt.Errorf("fail job %s: it moved on or ended: %w", id, ErrConflict)
@@ -141,7 +182,12 @@ func (s *Store) UnheldClusters(ctx context.Context, states []lifecycle.State, af
 	return toClusters(rows)
 }
 
-// RecordEvent adds a history entry that changes no state (a repair).
+// RecordEvent adds a history entry that changes no state (a repair). An
+// entry that names an operation is written only while that operation holds
+// the cluster, checked with the cluster's row locked (MySQL; SQLite
+// transactions are serial), so the history never shows a job acting after
+// it lost the cluster; otherwise nothing is written and the error wraps
+// ErrNotHeld.
 func (s *Store) RecordEvent(ctx context.Context, e Event) error {
 	server := e.Server
 	if server == "" {
@@ -151,8 +197,30 @@ func (s *Store) RecordEvent(ctx context.Context, e Event) error {
 		ClusterID: e.ClusterID, Time: s.stamp(), FromState: e.From.String(), Event: e.Name,
 		ToState: e.To.String(), Operation: e.Operation, Server: server, Message: e.Message,
 	}
-	if err := s.db.WithContext(ctx).Create(&row).Error; err != nil {
-		return fmt.Errorf("record %s event of cluster %s: %w", e.Name, e.ClusterID, classify(err))
+	notHeld := false
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		notHeld = false
+		if e.Operation != "" {
+			q := tx.Select("id", "current_operation").Where("id = ?", e.ClusterID)
+			if s.backend == MySQL {
+				q = q.Clauses(clause.Locking{Strength: "UPDATE"})
+			}
+			var c clusterRow
+			if err := q.Take(&c).Error; err != nil {
+				return classify(err)
+			}
+			if c.CurrentOperation != e.Operation {
+				notHeld = true
+				return nil
+			}
+		}
+		return classify(tx.Create(&row).Error)
+	})
+	if err != nil {
+		return fmt.Errorf("record %s event of cluster %s: %w", e.Name, e.ClusterID, err)
+	}
+	if notHeld {
+		return fmt.Errorf("record %s event of cluster %s by %s: %w", e.Name, e.ClusterID, e.Operation, ErrNotHeld)
 	}
 	return nil
 }
@@ -171,9 +239,13 @@ func (s *Store) PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	res := s.db.WithContext(ctx).Where("id IN ? AND status <> ?", ids, string(JobInProgress)).Delete(&jobRow{})
-	if res.Error != nil {
-		return 0, fmt.Errorf("purge jobs: %w", classify(res.Error))
+	var res *gorm.DB
+	err = s.retrying(ctx, func() error {
+		res = s.db.WithContext(ctx).Where("id IN ? AND status <> ?", ids, string(JobInProgress)).Delete(&jobRow{})
+		return classify(res.Error)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("purge jobs: %w", err)
 	}
 	return res.RowsAffected, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -11,18 +12,57 @@ import (
 
 // RegisterServer records a server process starting with a fresh incarnation,
 // so its peers and its own later incarnations can tell its jobs apart from
-// those of the process it replaces.
+// those of the process it replaces. It replaces whatever row the id had, live
+// or not; a process that must not push a live one aside uses TakeOverServer.
 func (s *Store) RegisterServer(ctx context.Context, id string) (Server, error) {
 	now := s.stamp()
 	row := serverRow{ID: id, Incarnation: newID(), StartTime: now, HeartbeatTime: now}
-	err := s.db.WithContext(ctx).Clauses(clause.OnConflict{
-		Columns:   []clause.Column{{Name: "id"}},
-		DoUpdates: clause.AssignmentColumns([]string{"incarnation", "start_time", "heartbeat_time"}),
-	}).Create(&row).Error
+	err := s.retrying(ctx, func() error {
+		return classify(s.db.WithContext(ctx).Clauses(clause.OnConflict{
+			Columns:   []clause.Column{{Name: "id"}},
+			DoUpdates: clause.AssignmentColumns([]string{"incarnation", "start_time", "heartbeat_time", "host", "pid"}),
+		}).Create(&row).Error)
+	})
 	if err != nil {
-		return Server{}, fmt.Errorf("register server %s: %w", id, classify(err))
+		return Server{}, fmt.Errorf("register server %s: %w", id, err)
 	}
-	return Server(row), nil
+	return row.toServer(), nil
+}
+
+// TakeOverServer registers a new incarnation of server id, run by process
+// pid on host, only if the id's row is still exactly as the caller saw it
+// (seen; nil when it saw no row): a compare-and-set on the server row, so of
+// two processes starting under one id at once only one registers, and a
+// predecessor that heartbeats in between keeps its id. A miss is ErrConflict.
+func (s *Store) TakeOverServer(ctx context.Context, id string, seen *Server, host string, pid int) (Server, error) {
+	now := s.stamp()
+	row := serverRow{ID: id, Incarnation: newID(), StartTime: now, HeartbeatTime: now, Host: host, PID: int64(pid)}
+	if seen == nil {
+		err := s.retrying(ctx, func() error { return classify(s.db.WithContext(ctx).Create(&row).Error) })
+		if errors.Is(err, ErrAlreadyExists) {
+			return Server{}, fmt.Errorf("register server %s: registered concurrently: %w", id, ErrConflict)
+		}
+		if err != nil {
+			return Server{}, fmt.Errorf("register server %s: %w", id, err)
+		}
+		return row.toServer(), nil
+	}
+	var res *gorm.DB
+	err := s.retrying(ctx, func() error {
+		res = s.db.WithContext(ctx).Model(&serverRow{}).
+			Where("id = ? AND incarnation = ? AND heartbeat_time = ?", id, seen.Incarnation, seen.HeartbeatTime.UTC()).
+			Updates(map[string]any{
+				"incarnation": row.Incarnation, "start_time": now, "heartbeat_time": now, "host": host, "pid": row.PID,
+			})
+		return classify(res.Error)
+	})
+	if err != nil {
+		return Server{}, fmt.Errorf("take over server %s: %w", id, err)
+	}
+	if res.RowsAffected != 1 {
+		return Server{}, fmt.Errorf("take over server %s from incarnation %s: its row changed: %w", id, seen.Incarnation, ErrConflict)
+	}
+	return row.toServer(), nil
 }
 
 // Heartbeat tells peers the server is alive. It fails with ErrConflict when
@@ -30,17 +70,42 @@ func (s *Store) RegisterServer(ctx context.Context, id string) (Server, error) {
 // is superseded and must stop taking work).
 func (s *Store) Heartbeat(ctx context.Context, srv Server) (Server, error) {
 	now := s.stamp()
-	res := s.db.WithContext(ctx).Model(&serverRow{}).
-		Where("id = ? AND incarnation = ?", srv.ID, srv.Incarnation).
-		Update("heartbeat_time", now)
-	if res.Error != nil {
-		return srv, fmt.Errorf("heartbeat of server %s: %w", srv.ID, classify(res.Error))
+	var res *gorm.DB
+	err := s.retrying(ctx, func() error {
+		res = s.db.WithContext(ctx).Model(&serverRow{}).
+			Where("id = ? AND incarnation = ?", srv.ID, srv.Incarnation).
+			Update("heartbeat_time", now)
+		return classify(res.Error)
+	})
+	if err != nil {
+		return srv, fmt.Errorf("heartbeat of server %s: %w", srv.ID, err)
 	}
 	if res.RowsAffected != 1 {
 		return srv, fmt.Errorf("heartbeat of server %s incarnation %s: superseded: %w", srv.ID, srv.Incarnation, ErrConflict)
 	}
 	srv.HeartbeatTime = now
 	return srv, nil
+}
+
+// Stopped is the heartbeat time of a server that stopped gracefully: long
+// enough ago that every peer counts it dead at once, and a process starting
+// under its id need not wait to take it over.
+var Stopped = time.Date(1970, 1, 1, 0, 0, 1, 0, time.UTC)
+
+// ReleaseServer records that incarnation srv stopped gracefully (its
+// heartbeat becomes Stopped), if the row is still that incarnation's: its
+// peers then fail whatever jobs it could not end at their next scan, and a
+// restart under its id starts at once.
+func (s *Store) ReleaseServer(ctx context.Context, srv Server) error {
+	err := s.retrying(ctx, func() error {
+		return classify(s.db.WithContext(ctx).Model(&serverRow{}).
+			Where("id = ? AND incarnation = ?", srv.ID, srv.Incarnation).
+			Update("heartbeat_time", Stopped).Error)
+	})
+	if err != nil {
+		return fmt.Errorf("release server %s: %w", srv.ID, err)
+	}
+	return nil
 }
 
 // GetServer reads one server row.
@@ -53,6 +118,5 @@ func (s *Store) GetServer(ctx context.Context, id string) (Server, error) {
 	if err != nil {
 		return Server{}, fmt.Errorf("get server %s: %w", id, classify(err))
 	}
-	row.StartTime, row.HeartbeatTime = row.StartTime.UTC(), row.HeartbeatTime.UTC()
-	return Server(row), nil
+	return row.toServer(), nil
 }

@@ -60,15 +60,19 @@ func classify(jobCtx context.Context, deadline time.Time, err error) ending {
 // finish is the one place a job ends. It writes the job's end and the
 // cluster's release in one FinishJob, on a context that survives the job's
 // cancellation, and returns the final row and whether this runner wrote it.
+// A transient database failure (repository.ErrUnavailable) does not end it:
+// the release is worked out and the end written again, with backoff, until
+// the job's finish budget (FinishTimeout) is spent or Abort is called.
 func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Progress, out Outcome, runErr error) (repository.Job, bool) {
 	if errors.Is(runErr, ErrJobEnded) {
 		log.Debug("job ended elsewhere; not finishing it again", "err", runErr)
 		return repository.Job{}, false
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(jobCtx), r.finishTimeout)
+	ctx, cancel := context.WithTimeout(r.finishCtx, r.finishTimeout)
 	defer cancel()
 
 	f := repository.Finish{JobID: t.Job.ID}
+	var cause error
 	if runErr == nil {
 		f.Status, f.Result, f.Release = repository.JobSucceeded, out.Result, out.Release
 		// Steps done counts finished steps; the last one finished with Run.
@@ -83,56 +87,85 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 		}
 	} else {
 		e := classify(jobCtx, t.Job.Deadline, runErr)
-		f.Status, f.Error = e.status, encodeStatus(e.rpc)
-		f.Release = r.release(ctx, log, t, e.cause)
+		f.Status, f.Error, cause = e.status, encodeStatus(e.rpc), e.cause
 		log.Info("job did not succeed", "status", e.status, "code", codes.Code(e.rpc.Code), "err", runErr)
 	}
 
-	job, err := r.store.FinishJob(ctx, f)
-	var ended *repository.JobConflictError
-	if errors.Is(err, repository.ErrConflict) && !errors.As(err, &ended) {
-		// A MySQL deadlock or lock wait timeout: nothing was written. Once more.
-		log.Info("finish job lost a race; retrying once", "err", err)
-		job, err = r.store.FinishJob(ctx, f)
-	}
-	switch {
-	case err == nil:
-		log.Info("job ended", "status", job.Status)
-		return job, true
-	case errors.Is(err, repository.ErrNotHeld):
-		log.Info("job ended; its cluster was taken since and left alone", "status", job.Status, "err", err)
-		return job, true
-	case errors.As(err, &ended):
-		log.Debug("job ended elsewhere; not finishing it again", "err", err)
-		return repository.Job{}, false
-	default:
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		var err error
+		if cause != nil {
+			var relErr error
+			f.Release, relErr = r.release(ctx, log, t, cause)
+			if relErr != nil {
+				err = fmt.Errorf("release: %w", relErr)
+			}
+		}
+		var job repository.Job
+		if err == nil {
+			job, err = r.store.FinishJob(ctx, f)
+		}
+		var ended *repository.JobConflictError
+		switch {
+		case err == nil:
+			log.Info("job ended", "status", job.Status, "attempts", attempt)
+			return job, true
+		case errors.Is(err, repository.ErrNotHeld):
+			log.Info("job ended; its cluster was taken since and left alone", "status", job.Status, "err", err)
+			return job, true
+		case errors.As(err, &ended):
+			log.Debug("job ended elsewhere; not finishing it again", "err", err)
+			return repository.Job{}, false
+		case transient(err) && ctx.Err() == nil:
+			log.Warn("could not record the end of the job; retrying", "status", f.Status, "attempt", attempt, "err", err)
+			timer := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+			case <-timer.C:
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
 		// The job may stay IN_PROGRESS, owned by this live server, holding its
-		// cluster: recovery (SPEC §5) fails only dead servers' jobs, so it is
-		// logged as an error for an operator.
-		log.Error("finish job", "status", f.Status, "err", err)
+		// cluster: the scanner fails a job its runner no longer runs (SPEC
+		// §5), and peers fail it once this server is gone; logged as an
+		// error for an operator.
+		log.Error("finish job: gave up", "status", f.Status, "attempts", attempt, "err", err, "budget", r.finishTimeout)
 		return repository.Job{}, false
 	}
 }
 
+// transient reports whether a failed write may succeed if made again: the
+// database did not answer (down, restarting, a lost connection) or could not
+// do it just now (a lock conflict past its retries), or the attempt timed out.
+func transient(err error) bool {
+	return errors.Is(err, repository.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+}
+
 // release asks the task how the cluster moves after a failure. A Release that
-// fails or panics leaves the cluster alone: the job still ends, and orphan
-// recovery fails the operation that the cluster still names.
-func (r *Runner) release(ctx context.Context, log *slog.Logger, t Task, cause error) (tr *repository.Transition) {
+// panics, or fails other than transiently, leaves the cluster alone: the job
+// still ends, and orphan recovery fails the operation that the cluster still
+// names. A transient failure is returned, so that finish tries again.
+func (r *Runner) release(ctx context.Context, log *slog.Logger, t Task, cause error) (tr *repository.Transition, err error) {
 	if t.Release == nil {
-		return nil
+		return nil, nil
 	}
 	defer func() {
 		if v := recover(); v != nil {
 			log.Error("job release panicked; leaving the cluster to recovery", "panic", v, "stack", string(debug.Stack()))
-			tr = nil
+			tr, err = nil, nil
 		}
 	}()
-	tr, err := t.Release(ctx, cause)
+	tr, err = t.Release(ctx, cause)
+	if err != nil && transient(err) && ctx.Err() == nil {
+		return nil, err
+	}
 	if err != nil {
 		log.Error("job release failed; leaving the cluster to recovery", "err", err)
-		return nil
+		return nil, nil
 	}
-	return tr
+	return tr, nil
 }
 
 // encodeStatus is the job row's Error: protojson of a google.rpc.Status (see

@@ -18,7 +18,7 @@ import (
 type Progress struct {
 	store Store
 	jobID string
-	lease func() error
+	lease Lease
 
 	mu      sync.Mutex
 	step    string // the step started last
@@ -47,7 +47,7 @@ func (p *Progress) Step(ctx context.Context, name string) error {
 		return fmt.Errorf("job %s: before step %s: %w", p.jobID, name, err)
 	}
 	if p.lease != nil {
-		if err := p.lease(); err != nil {
+		if err := p.lease.Check(); err != nil {
 			return fmt.Errorf("job %s: before step %s: %w: %w", p.jobID, name, ErrLeaseLost, err)
 		}
 	}

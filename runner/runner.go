@@ -13,7 +13,8 @@
 //     round trip learns whether a cancellation was requested, possibly
 //     through another server, and whether recovery already ended the job;
 //   - it ends the job and releases the cluster in one transaction
-//     (repository.Store.FinishJob), exactly once, in one place;
+//     (repository.Store.FinishJob), exactly once, in one place, retrying
+//     through a transient database outage within the job's finish budget;
 //   - Shutdown cancels the running jobs, ends them, and waits for them.
 //
 // # Job errors
@@ -78,9 +79,11 @@ type Task struct {
 	// why (errors.Is it against ErrCancelled, ErrDeadline, ErrShutdown). It
 	// may return nil to leave the cluster alone. It is called on a context
 	// that is not the (possibly cancelled) job context, so it can still read
-	// the database. When Release is nil or fails, the job still ends and the
-	// cluster stays named by a finished job, which the scanner's orphan
-	// recovery fails (SPEC §5).
+	// the database, and called again if it, or the write of the job's end,
+	// failed transiently (repository.ErrUnavailable), so it must be
+	// idempotent. When Release is nil or fails otherwise, the job still ends
+	// and the cluster stays named by a finished job, which the scanner's
+	// orphan recovery fails (SPEC §5).
 	Release func(ctx context.Context, cause error) (*repository.Transition, error)
 }
 
@@ -134,18 +137,27 @@ type Config struct {
 	// polling. It is not called for jobs someone else ended. It runs on the
 	// job's goroutine and must not block.
 	OnDone func(job repository.Job)
-	// FinishTimeout bounds the database writes that end a job, Release
-	// included (default 10s). They run on a context that survives the job's
-	// cancellation, so that a cancelled or timed-out job still records its
-	// end; the bound keeps Shutdown from waiting forever on a dead database.
+	// FinishTimeout is a job's budget for recording its end, Release
+	// included (default 30s). The writes run on a context that survives the
+	// job's cancellation, so that a cancelled or timed-out job still records
+	// its end, and they are retried through a transient database outage
+	// (repository.ErrUnavailable: a restart, a failover) until the budget is
+	// spent; the bound keeps Shutdown from waiting forever on a dead
+	// database.
 	FinishTimeout time.Duration
 	// Lease, optional, says whether this server may still act; jobs stop at
-	// their next step when it returns an error (see ErrLeaseLost).
-	Lease func() error
+	// their next step when it does not (see ErrLeaseLost).
+	Lease Lease
+}
+
+// Lease says whether this server may still act (package lease): nil while
+// its heartbeat is recent and nobody took its server id.
+type Lease interface {
+	Check() error
 }
 
 // DefaultFinishTimeout is the FinishTimeout used when Config leaves it zero.
-const DefaultFinishTimeout = 10 * time.Second
+const DefaultFinishTimeout = 30 * time.Second
 
 // Runner runs jobs in goroutines it owns, and stops and waits for them on
 // Shutdown. It is safe for concurrent use.
@@ -154,13 +166,17 @@ type Runner struct {
 	log           *slog.Logger
 	onDone        func(repository.Job)
 	finishTimeout time.Duration
-	lease         func() error
+	lease         Lease
 
 	// ctx is the parent of every job's context. It belongs to the runner, not
 	// to any request, and only Shutdown cancels it.
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// finishCtx is the parent of the contexts jobs record their end on; only
+	// Abort cancels it.
+	finishCtx   context.Context
+	abortFinish context.CancelFunc
+	wg          sync.WaitGroup
 
 	mu      sync.Mutex
 	stopped bool
@@ -180,6 +196,7 @@ func New(cfg Config) *Runner {
 		timeout = DefaultFinishTimeout
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	finishCtx, abort := context.WithCancel(context.Background())
 	return &Runner{
 		store:         cfg.Store,
 		log:           log,
@@ -188,6 +205,8 @@ func New(cfg Config) *Runner {
 		lease:         cfg.Lease,
 		ctx:           ctx,
 		cancel:        cancel,
+		finishCtx:     finishCtx,
+		abortFinish:   abort,
 		running:       map[string]bool{},
 	}
 }
@@ -281,6 +300,14 @@ func (r *Runner) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("runner shutdown: jobs still ending %v: %w", r.Running(), ctx.Err())
 	}
+}
+
+// Abort gives up on recording the ends that jobs are still writing (a
+// database that stays down past the shutdown budget): their writes return at
+// once, the jobs stay IN_PROGRESS in the database, and peers or this
+// server's next incarnation fail them. It does not wait; Shutdown does.
+func (r *Runner) Abort() {
+	r.abortFinish()
 }
 
 // run is the job's goroutine: run the work, end the job, let go of it.

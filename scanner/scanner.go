@@ -1,9 +1,9 @@
 // Package scanner keeps clusters from staying stuck (SPEC §5). It runs on
-// every server: a heartbeat that tells peers this server is alive, and a
-// pass, at start and then every scan interval, that fails the jobs of dead
-// servers, recovers orphaned operations, reconciles resting clusters against
-// the infrastructure (every reconcile interval), retries destroys and purges
-// old jobs.
+// every server (whose heartbeat is package lease): a pass, at start and then
+// every scan interval, that fails the jobs of dead servers, recovers
+// orphaned operations, reconciles resting clusters against the
+// infrastructure (every reconcile interval), retries destroys and purges old
+// jobs. It only passes while the server holds its lease.
 //
 // Every write the scanner causes is the repository's compare-and-set on a
 // cluster as the scanner read it; losing one is normal (another server, or a
@@ -19,7 +19,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -31,7 +30,6 @@ import (
 
 // Store is the part of the repository the scanner reads and writes.
 type Store interface {
-	Heartbeat(ctx context.Context, srv repository.Server) (repository.Server, error)
 	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, errJSON func(reason string) string) (restarted, stopped int64, err error)
 	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.Job, error)
 	FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error
@@ -57,6 +55,13 @@ type Machines interface {
 	Machines(ctx context.Context, clusterIDs ...string) ([]infra.Machine, error)
 }
 
+// Lease says whether this server may act (package lease): the scanner
+// passes only while it does, since without it this server's view may be
+// stale and its peers may be recovering its own clusters.
+type Lease interface {
+	Check() error
+}
+
 // Config is what a Scanner needs. Zero durations take the defaults.
 type Config struct {
 	Store     Store
@@ -64,13 +69,13 @@ type Config struct {
 	Infra     Machines
 	// Self is this server's registration (its id and incarnation).
 	Self repository.Server
+	// Lease, optional, gates every pass (see Lease).
+	Lease Lease
 	// Running, optional, lists the jobs this process's runner runs; the
 	// server's own IN_PROGRESS jobs missing from it are lost and failed.
 	Running func() []string
-	// HeartbeatInterval (default 1s), PeerTimeout (default 6s): a server
-	// whose heartbeat is older than PeerTimeout is dead.
-	HeartbeatInterval time.Duration
-	PeerTimeout       time.Duration
+	// PeerTimeout (default 6s): a server whose heartbeat is older is dead.
+	PeerTimeout time.Duration
 	// ScanInterval (default 2s): liveness and orphan recovery.
 	ScanInterval time.Duration
 	// ReconcileInterval (default 10s): reconciliation against the infrastructure.
@@ -94,11 +99,6 @@ type Scanner struct {
 	cfg Config
 	log *slog.Logger
 	now func() time.Time
-
-	// lastBeat is the time (unix nanos) of the last heartbeat the database
-	// accepted; superseded is set when another process took this server id.
-	lastBeat   atomic.Int64
-	superseded atomic.Bool
 
 	mu            sync.Mutex
 	lastReconcile time.Time
@@ -125,7 +125,6 @@ func New(cfg Config) *Scanner {
 			*d = v
 		}
 	}
-	def(&cfg.HeartbeatInterval, time.Second)
 	def(&cfg.PeerTimeout, 6*time.Second)
 	def(&cfg.ScanInterval, 2*time.Second)
 	def(&cfg.ReconcileInterval, 10*time.Second)
@@ -137,46 +136,15 @@ func New(cfg Config) *Scanner {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.lastBeat.Store(cfg.Self.HeartbeatTime.UnixNano())
 	return s
 }
 
-// Lease reports whether this server may act: its last accepted heartbeat is
-// younger than the peer timeout (so peers still count it alive) and no other
-// process has taken its id. A server without a lease stops claiming work and
-// stops its jobs' steps, since its peers may already have failed them.
-func (s *Scanner) Lease() error {
-	if s.superseded.Load() {
-		return fmt.Errorf("server %s was registered again by another process", s.cfg.Self.ID)
-	}
-	last := time.Unix(0, s.lastBeat.Load())
-	if age := s.now().Sub(last); age >= s.cfg.PeerTimeout {
-		return fmt.Errorf("last heartbeat of server %s was %s ago (peer timeout %s)", s.cfg.Self.ID, age.Round(time.Millisecond), s.cfg.PeerTimeout)
-	}
-	return nil
-}
-
-// Run heartbeats and scans until ctx is done. The first pass runs at once.
+// Run passes now and then every scan interval until ctx is done.
 func (s *Scanner) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		s.every(ctx, s.cfg.HeartbeatInterval, s.heartbeat)
-	}()
-	go func() {
-		defer wg.Done()
-		s.every(ctx, s.cfg.ScanInterval, func(ctx context.Context) { s.Pass(ctx) })
-	}()
-	wg.Wait()
-}
-
-// every runs fn now and then every d until ctx is done.
-func (s *Scanner) every(ctx context.Context, d time.Duration, fn func(context.Context)) {
-	t := time.NewTicker(d)
+	t := time.NewTicker(s.cfg.ScanInterval)
 	defer t.Stop()
 	for {
-		fn(ctx)
+		s.Pass(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -185,35 +153,22 @@ func (s *Scanner) every(ctx context.Context, d time.Duration, fn func(context.Co
 	}
 }
 
-func (s *Scanner) heartbeat(ctx context.Context) {
-	if s.superseded.Load() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
-	defer cancel()
-	srv, err := s.cfg.Store.Heartbeat(ctx, s.cfg.Self)
-	switch {
-	case err == nil:
-		s.lastBeat.Store(srv.HeartbeatTime.UnixNano())
-	case errors.Is(err, repository.ErrConflict):
-		s.superseded.Store(true)
-		s.log.Error("another process registered this server id; this one stops taking work", "server_id", s.cfg.Self.ID, "error", err)
-	case ctx.Err() != nil && errors.Is(err, context.Canceled):
-	default:
-		s.log.Warn("heartbeat failed", "error", err, "lease", errString(s.Lease()))
-	}
-}
-
 // Pass runs one scan: liveness, orphan recovery, and, when due,
 // reconciliation and garbage collection. It returns what it did.
 func (s *Scanner) Pass(ctx context.Context) Report {
 	start := s.now()
 	var r Report
-	if err := s.Lease(); err != nil {
-		// Without a lease this server's view may be stale and its peers may
-		// be recovering its clusters: leave the work to them.
-		r.Skipped = err.Error()
+	if ctx.Err() != nil {
+		r.Skipped = "stopping"
 		return r
+	}
+	if s.cfg.Lease != nil {
+		if err := s.cfg.Lease.Check(); err != nil {
+			// Without a lease this server's view may be stale and its peers
+			// may be recovering its clusters: leave the work to them.
+			r.Skipped = err.Error()
+			return r
+		}
 	}
 	s.liveness(ctx, &r)
 	s.orphans(ctx, &r)
@@ -229,6 +184,11 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 	}
 	r.Duration = s.now().Sub(start)
 	s.metrics.record(r)
+	for _, err := range r.Errors {
+		if ctx.Err() == nil {
+			s.log.Warn("scan pass error", "error", err.Error())
+		}
+	}
 	if r.JobsFailed > 0 || r.Recovered > 0 || r.Reconciled > 0 || len(r.Errors) > 0 {
 		s.log.Info("scan pass", "jobs_failed", r.JobsFailed, "recovered", r.Recovered, "reconciled", r.Reconciled,
 			"lost_races", r.LostRaces, "purged", r.Purged, "errors", len(r.Errors), "duration", r.Duration)
@@ -480,7 +440,10 @@ func (s *Scanner) reconcile(ctx context.Context, r *Report) {
 }
 
 // reconcileAction picks what reconciliation does to a cluster, asking the
-// state machine which events its state allows.
+// state machine which events its state allows. A cluster whose nodes run
+// different Kubernetes versions (an interrupted or failed upgrade) is not
+// healthy: a live one goes to ALERT with the versions named, and an ALERT
+// one is not brought back to RUNNING until an upgrade makes them equal.
 func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms []infra.Machine) (string, func() error) {
 	allows := func(e lifecycle.Event) bool { _, err := lifecycle.Next(c.State, e); return err == nil }
 	// A live cluster (RUNNING) wants every machine on, a STOPPED one every
@@ -498,13 +461,18 @@ func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms 
 			running++
 		}
 	}
+	skew := infra.VersionSkew(ms)
 	switch {
 	case allows(lifecycle.FaultsDetected):
 		if wrong > 0 {
 			reason := fmt.Sprintf("%d of %d machines are not in the power state %s wants", wrong, len(ms), c.State)
 			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
 		}
-	case allows(lifecycle.RecoveryRequested) && infra.AllRunningAndJoined(ms):
+		if skew != "" && lifecycle.IsLive(c.State) {
+			reason := fmt.Sprintf("nodes run different Kubernetes versions (%s); run the upgrade again", skew)
+			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
+		}
+	case allows(lifecycle.RecoveryRequested) && infra.AllRunningAndJoined(ms) && skew == "":
 		return "recover", func() error { return s.cfg.Recoverer.RecoverAlert(ctx, c) }
 	case allows(lifecycle.StopRequested) && running == 0:
 		return "stop", func() error { return s.cfg.Recoverer.StopAlert(ctx, c) }
@@ -534,11 +502,4 @@ func (s *Scanner) act(r *Report, c repository.Cluster, what string, do func() er
 	default:
 		r.fail(fmt.Errorf("%s %s: %w", what, c.ID, err))
 	}
-}
-
-func errString(err error) string {
-	if err == nil {
-		return "held"
-	}
-	return err.Error()
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/clusterd/clusterd/auth"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra/sim"
+	"github.com/clusterd/clusterd/lease"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/runner"
 	"github.com/clusterd/clusterd/scanner"
@@ -42,8 +43,13 @@ type Config struct {
 	// GRPCAddr and HTTPAddr are listen addresses; port 0 picks a free port.
 	GRPCAddr string
 	HTTPAddr string
-	// ServerID identifies this process to its peers (default: host name).
+	// ServerID identifies this process to its peers; required (the binary's
+	// default is the host name and gRPC port). A second live process under
+	// the same id is refused at start (see package lease).
 	ServerID string
+	// DatabaseWait is how long start-up waits for the database to answer
+	// (default 60s), logging each attempt.
+	DatabaseWait time.Duration
 	// Infra names the infrastructure driver; "sim" is the only one so far.
 	Infra string
 	// SimStepDelay is slept at every simulated step, so operations take
@@ -84,29 +90,35 @@ type Config struct {
 
 // Server is a running clusterd process; tests use it to learn bound addresses.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	auth    *auth.Authenticator
-	certs   *certificates
-	codec   *requestCodec
-	store   *repository.Store
-	self    repository.Server
-	runner  *runner.Runner
-	sim     *sim.Simulator
-	scanner *scanner.Scanner
-	health  *health.Server
-	grpc    *grpc.Server
-	http    *http.Server
-	conn    *grpc.ClientConn
-	grpcLis net.Listener
-	httpLis net.Listener
+	cfg      Config
+	log      *slog.Logger
+	auth     *auth.Authenticator
+	certs    *certificates
+	codec    *requestCodec
+	store    *repository.Store
+	lease    *lease.Lease
+	self     repository.Server
+	runner   *runner.Runner
+	sim      *sim.Simulator
+	clusters *service.Clusters
+	ops      *service.Operations
+	scanner  *scanner.Scanner
+	health   *health.Server
+	grpc     *grpc.Server
+	http     *http.Server
+	conn     *grpc.ClientConn
+	grpcLis  net.Listener
+	httpLis  net.Listener
 	// gatewayLis is the in-process listener the REST gateway calls through.
 	gatewayLis gatewayListener
+	// bg is what Serve started besides the listeners (nil before Serve).
+	bg *background
 }
 
 // Run starts clusterd and blocks until ctx is cancelled (SIGTERM in main),
-// then stops gracefully: no new requests, running jobs stopped and recorded,
-// connections drained.
+// then stops gracefully (see shutdown): no new work, open waits answered,
+// running jobs stopped and their ends recorded, connections drained, every
+// goroutine joined, and only then the database closed.
 func Run(ctx context.Context, cfg Config) error {
 	s, err := New(ctx, cfg)
 	if err != nil {
@@ -130,14 +142,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.auth, err = auth.New(auth.Config{TokensFile: cfg.AuthTokens, ClientCertificates: s.certs != nil && s.certs.clientCAs != nil}); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	if s.store, err = repository.Open(ctx, cfg.Database, repository.WithServerID(cfg.ServerID)); err != nil {
+	if s.store, err = openDatabase(ctx, cfg); err != nil {
 		return nil, err
 	}
 	cleanup := func() { _ = s.store.Close() }
-	if s.self, err = s.store.RegisterServer(ctx, cfg.ServerID); err != nil {
-		cleanup()
-		return nil, err
-	}
 	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		cleanup()
 		return nil, fmt.Errorf("listen for gRPC on %s: %w", cfg.GRPCAddr, err)
@@ -155,21 +163,30 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	// The lease comes first: nothing that acts exists before this process
+	// holds its server id, and everything that acts is handed the lease.
+	s.lease = lease.New(lease.Config{
+		Store: s.store, ServerID: cfg.ServerID, HeartbeatInterval: cfg.HeartbeatInterval,
+		PeerTimeout: cfg.PeerTimeout, Logger: s.log,
+	})
+	if s.self, err = s.lease.Acquire(ctx); err != nil {
+		_ = s.grpcLis.Close()
+		_ = s.httpLis.Close()
+		cleanup()
+		return nil, err
+	}
 
-	// The scanner holds this server's lease (its heartbeat); the runner and
-	// the handlers stop taking steps and claims without it.
-	lease := func() error { return s.scanner.Lease() }
-	ops := service.NewOperations(s.store)
-	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: ops.Notify, Lease: lease})
+	s.ops = service.NewOperations(s.store)
+	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.ops.Notify, Lease: s.lease})
 	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
-	clusters := service.NewClusters(service.ClustersConfig{
+	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.store, Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
-		Lease: lease,
+		Lease: s.lease,
 	})
 	s.scanner = scanner.New(scanner.Config{
-		Store: s.store, Recoverer: clusters, Infra: s.sim, Self: s.self, Running: s.runner.Running,
-		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
+		Store: s.store, Recoverer: s.clusters, Infra: s.sim, Self: s.self, Lease: s.lease, Running: s.runner.Running,
+		PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})
 
@@ -177,8 +194,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		grpc.Creds(newTransportCredentials(s.certs)),
 		grpc.ForceServerCodecV2(s.codec),
 		grpc.MaxRecvMsgSize(maxGRPCMessage))...)
-	clv1.RegisterClusterLifecycleServer(s.grpc, clusters)
-	longrunningpb.RegisterOperationsServer(s.grpc, ops)
+	clv1.RegisterClusterLifecycleServer(s.grpc, s.clusters)
+	longrunningpb.RegisterOperationsServer(s.grpc, s.ops)
 	clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -187,6 +204,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.gateway(ctx); err != nil {
 		_ = s.grpcLis.Close()
 		_ = s.httpLis.Close()
+		_ = s.lease.Release(ctx)
 		cleanup()
 		return nil, err
 	}
@@ -244,17 +262,16 @@ func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
 // HTTPAddr is the address the REST gateway listens on.
 func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
 
-// Serve runs until ctx is cancelled or a listener fails, then shuts down.
+// Serve runs until ctx is cancelled or a listener fails, then shuts down
+// (see shutdown) and returns once every goroutine it started has ended and
+// the database is closed.
 func (s *Server) Serve(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	s.startBackground()
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
-	wg.Add(6)
-	go func() {
-		defer wg.Done()
-		s.scanner.Run(ctx)
-	}()
+	wg.Add(4)
 	go func() {
 		defer wg.Done()
 		if err := s.grpc.Serve(s.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -288,10 +305,6 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}
 	}()
-	go func() {
-		defer wg.Done()
-		s.watchHealth(ctx)
-	}()
 
 	var serveErr error
 	select {
@@ -304,39 +317,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	return errors.Join(serveErr, shutdownErr)
 }
 
-// shutdown stops taking requests, stops the jobs (they record their end),
-// drains connections within ShutdownTimeout and closes the database.
-func (s *Server) shutdown() error {
-	s.log.Info("clusterd shutting down")
-	s.health.Shutdown()
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-	defer cancel()
-	var errs []error
-	if err := s.http.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("HTTP shutdown: %w", err))
-	}
-	stopped := make(chan struct{})
-	go func() {
-		s.grpc.GracefulStop()
-		close(stopped)
-	}()
-	select {
-	case <-stopped:
-	case <-ctx.Done():
-		s.grpc.Stop()
-		<-stopped
-	}
-	if err := s.runner.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("stop jobs: %w", err))
-	}
-	_ = s.conn.Close()
-	if err := s.store.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("close database: %w", err))
-	}
-	return errors.Join(errs...)
-}
-
-// watchHealth reports NOT_SERVING while the database does not answer.
+// watchHealth reports NOT_SERVING while the database does not answer or
+// this server does not hold its lease (its heartbeat lapsed, or another
+// process took its server id).
 func (s *Server) watchHealth(ctx context.Context) {
 	t := time.NewTicker(s.cfg.HealthInterval)
 	defer t.Stop()
@@ -345,6 +328,9 @@ func (s *Server) watchHealth(ctx context.Context) {
 		pingCtx, cancel := context.WithTimeout(ctx, s.cfg.HealthInterval)
 		err := s.store.Ping(pingCtx)
 		cancel()
+		if err == nil {
+			err = s.lease.Check()
+		}
 		st := healthpb.HealthCheckResponse_SERVING
 		if err != nil {
 			st = healthpb.HealthCheckResponse_NOT_SERVING
@@ -354,9 +340,9 @@ func (s *Server) watchHealth(ctx context.Context) {
 		}
 		if st != last {
 			if err != nil {
-				s.log.Warn("database not answering: NOT_SERVING", "error", err)
+				s.log.Warn("NOT_SERVING", "error", err)
 			} else if last != healthpb.HealthCheckResponse_UNKNOWN {
-				s.log.Info("database answering again: SERVING")
+				s.log.Info("database answering and lease held again: SERVING")
 			}
 			for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName, clv1.Simulator_ServiceDesc.ServiceName} {
 				s.health.SetServingStatus(name, st)
@@ -383,6 +369,15 @@ func (c *Config) defaults() error {
 	}
 	if c.ServerID == "" {
 		return errors.New("config: server id is required")
+	}
+	if c.DatabaseWait <= 0 {
+		c.DatabaseWait = 60 * time.Second
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = time.Second
+	}
+	if c.PeerTimeout <= 0 {
+		c.PeerTimeout = 6 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

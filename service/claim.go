@@ -227,13 +227,17 @@ func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb stri
 	return s.launch(ctx, job, work)
 }
 
-// mayClaim refuses new work while this server has no lease (SPEC §5: a
-// server that cannot heartbeat stops claiming until it can again).
+// mayClaim refuses new work while this server is stopping, or has no lease
+// (SPEC §5: a server that cannot heartbeat stops claiming until it can
+// again).
 func (s *Clusters) mayClaim() error {
+	if s.draining.Load() {
+		return errShuttingDown
+	}
 	if s.lease == nil {
 		return nil
 	}
-	if err := s.lease(); err != nil {
+	if err := s.lease.Check(); err != nil {
 		return fmt.Errorf("%w: %w", errNoLease, err)
 	}
 	return nil

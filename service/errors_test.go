@@ -28,7 +28,10 @@ func TestStatusMapsEveryDomainError(t *testing.T) {
 		{"held by another operation", wrap(&OperationInProgressError{Cluster: "clusters/a", Operation: "operations/b"}), codes.Aborted, "OPERATION_IN_PROGRESS", "please retry once it has finished"},
 		{"refused transition", &InvalidTransitionError{Cluster: "clusters/a", State: lifecycle.Stopped, Event: lifecycle.AddNodeRequested}, codes.FailedPrecondition, "INVALID_STATE_TRANSITION", "cluster clusters/a is in state STOPPED, which does not allow ADD_NODE_REQUESTED"},
 		{"lost CAS", wrap(&repository.ConflictError{ClusterID: "a"}), codes.Aborted, "CONCURRENT_MODIFICATION", "please retry"},
-		{"deadlock", wrap(fmt.Errorf("%w: mysql 1213", repository.ErrConflict)), codes.Aborted, "CONCURRENT_MODIFICATION", "please retry"},
+		{"lost race", wrap(fmt.Errorf("%w: version moved", repository.ErrConflict)), codes.Aborted, "CONCURRENT_MODIFICATION", "please retry"},
+		// A deadlock is retried by the repository; one that outlasts its
+		// retries changed nothing and lost no race: UNAVAILABLE, not a conflict.
+		{"deadlock past its retries", wrap(fmt.Errorf("gave up after 5 attempts: %w: mysql 1213", repository.ErrUnavailable)), codes.Unavailable, "DATABASE_UNAVAILABLE", "please retry"},
 		{"not found", wrap(&NotFoundError{Name: "clusters/a"}), codes.NotFound, "NOT_FOUND", "clusters/a not found"},
 		{"repository not found", wrap(repository.ErrNotFound), codes.NotFound, "NOT_FOUND", "not found"},
 		{"name taken", wrap(repository.ErrAlreadyExists), codes.AlreadyExists, "ALREADY_EXISTS", "already exists"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
@@ -31,11 +32,28 @@ type Operations struct {
 
 	mu      sync.Mutex
 	changed chan struct{}
+	// draining is closed by Drain: WaitOperation answers at once.
+	draining  chan struct{}
+	drainOnce sync.Once
+	// waiting counts the WaitOperation calls in progress.
+	waiting atomic.Int64
 }
+
+// Waiting is how many WaitOperation calls are open now, for tests that must
+// know a wait has begun and for metrics.
+func (o *Operations) Waiting() int64 { return o.waiting.Load() }
 
 // NewOperations returns the Operations service over store.
 func NewOperations(store JobStore) *Operations {
-	return &Operations{store: store, poll: 200 * time.Millisecond, maxWait: 5 * time.Minute, changed: make(chan struct{})}
+	return &Operations{store: store, poll: 200 * time.Millisecond, maxWait: 5 * time.Minute,
+		changed: make(chan struct{}), draining: make(chan struct{})}
+}
+
+// Drain is part of a graceful stop: every WaitOperation, open or to come,
+// answers at once with the operation as it stands, so that open calls do not
+// hold the server up; the client waits again (on any server) if it wants.
+func (o *Operations) Drain() {
+	o.drainOnce.Do(func() { close(o.draining) })
 }
 
 // Notify wakes every WaitOperation; the job runner calls it when a job ends.
@@ -128,7 +146,8 @@ func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.List
 
 // WaitOperation returns once the operation is done or the timeout (default
 // and maximum 5 minutes, and never past the RPC's deadline) has passed,
-// with the operation's latest state either way.
+// with the operation's latest state either way; and at once when the server
+// is stopping (Drain).
 func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitOperationRequest) (*longrunningpb.Operation, error) {
 	j, err := o.visibleJob(ctx, req.GetName())
 	if err != nil {
@@ -141,6 +160,8 @@ func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitO
 		}
 		wait = min(d.AsDuration(), o.maxWait)
 	}
+	o.waiting.Add(1)
+	defer o.waiting.Add(-1)
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	tick := time.NewTicker(o.poll)
@@ -156,6 +177,8 @@ func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitO
 		select {
 		case <-changed:
 		case <-tick.C:
+		case <-o.draining:
+			return toOperation(j)
 		case <-timer.C:
 			return toOperation(j)
 		case <-ctx.Done():

@@ -38,8 +38,9 @@ func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orph
 			// orphan event (a state with none, e.g. an ERROR cluster whose
 			// in-place start died, is only released).
 			o.endEvent, o.failEvent = ev, ev
-			o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(c.CurrentOperation), reason)
-			return o.repair(ctx, orphanKind)
+			ch, err := o.repair(ctx, orphanKind)
+			o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(c.CurrentOperation), reason) + o.skewNote(ctx)
+			return ch, err
 		})
 	return err
 }
@@ -77,6 +78,9 @@ func (s *Clusters) RecoverAlert(ctx context.Context, c repository.Cluster) error
 		}
 		if !infra.AllRunningAndJoined(machines) {
 			return repository.Changes{}, errors.New("machines changed during recovery: not all running and joined")
+		}
+		if skew := infra.VersionSkew(machines); skew != "" {
+			return repository.Changes{}, fmt.Errorf("nodes run different Kubernetes versions (%s); run the upgrade again", skew)
 		}
 		ch, err := o.repair(ctx, "")
 		if err != nil || c.Endpoint != "" {
@@ -254,4 +258,19 @@ func sameRules(a, b []infra.Rule) bool {
 		set[r]--
 	}
 	return true
+}
+
+// skewNote is what a failed or recovered operation adds to its history entry
+// when it leaves the cluster's nodes on different Kubernetes versions (an
+// upgrade that did not finish), so the ALERT it ends in says why; empty
+// otherwise, or when the machines cannot be read.
+func (o *op) skewNote(ctx context.Context) string {
+	machines, err := o.s.infra.Machines(ctx, o.job.ResourceID)
+	if err != nil {
+		return ""
+	}
+	if skew := infra.VersionSkew(machines); skew != "" {
+		return fmt.Sprintf("; nodes run different Kubernetes versions (%s): run the upgrade again", skew)
+	}
+	return ""
 }

@@ -56,8 +56,13 @@ type ClustersConfig struct {
 	Logger *slog.Logger
 	// Lease, optional, says whether this server may take work: a server
 	// whose heartbeat lapsed must not claim clusters (its peers may be
-	// recovering them).
-	Lease func() error
+	// recovering them), nor repair on behalf of a job that failed.
+	Lease Lease
+}
+
+// Lease says whether this server may act (package lease).
+type Lease interface {
+	Check() error
 }
 
 // Clusters implements clusterlifecycle.v1.ClusterLifecycle.
@@ -72,10 +77,18 @@ type Clusters struct {
 	deadlines   Deadlines
 	now         func() time.Time
 	log         *slog.Logger
-	lease       func() error
+	lease       Lease
+	// draining is set by Drain: the server is stopping and claims nothing.
+	draining atomic.Bool
 	// repairs counts the leftovers recovery has converged (SPEC §5.3).
 	repairs atomic.Int64
 }
+
+// Drain makes the handlers, and the scanner's recovery, claim nothing more
+// (UNAVAILABLE / SHUTTING_DOWN, so a client retries on another server): the
+// first step of a graceful stop. Operations already claimed run on until the
+// runner stops them.
+func (s *Clusters) Drain() { s.draining.Store(true) }
 
 // Repairs is how many leftovers of interrupted operations recovery has
 // repaired since the process started.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/infra/sim"
+	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 	"github.com/clusterd/clusterd/service"
 )
@@ -25,10 +27,30 @@ func forEachSimulator(t *testing.T, fn func(t *testing.T, b *sim.Simulator, h *s
 	t.Helper()
 	for _, be := range repotest.Backends(t) {
 		t.Run(be.Name, func(t *testing.T) {
-			b := sim.New(repotest.Open(t, be), sim.Config{})
+			store := repotest.Open(t, be)
+			b := sim.New(store, sim.Config{})
+			simStores.Store(b, store)
+			t.Cleanup(func() { simStores.Delete(b) })
 			fn(t, b, service.NewSimulator(b))
 		})
 	}
+}
+
+// simStores is each test simulator's store, for heldCluster.
+var simStores sync.Map // *sim.Simulator -> *repository.Store
+
+// heldCluster makes a cluster held by a job, as a claim would, and returns
+// both ids: every simulated step must name a job that holds its cluster.
+func heldCluster(t *testing.T, b *sim.Simulator) (clusterID, op string) {
+	t.Helper()
+	v, _ := simStores.Load(b)
+	c, j, err := v.(*repository.Store).CreateCluster(simCtx(t),
+		repository.NewCluster{Account: "acme", DisplayName: "sim", Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
+		repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.ID, j.ID
 }
 
 func simCtx(t *testing.T) context.Context {
@@ -75,11 +97,12 @@ func TestSimulatorMachines(t *testing.T) {
 			t.Errorf("CreateMachine = %v; want a free running EXTERNAL machines/{uuid}", free)
 		}
 
-		clusterID, nodeID := uuid.NewString(), uuid.NewString()
-		if _, err := b.ProvisionMachine(ctx, infra.Call{ClusterID: clusterID}, nodeID, infra.RoleControl, "medium", "1.30.2"); err != nil {
+		clusterID, op := heldCluster(t, b)
+		nodeID := uuid.NewString()
+		if _, err := b.ProvisionMachine(ctx, infra.Call{ClusterID: clusterID, Operation: op}, nodeID, infra.RoleControl, "medium", "1.30.2"); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.AttachISO(ctx, infra.Call{ClusterID: clusterID, MachineID: nodeID}, "k.iso"); err != nil {
+		if err := b.AttachISO(ctx, infra.Call{ClusterID: clusterID, Operation: op, MachineID: nodeID}, "k.iso"); err != nil {
 			t.Fatal(err)
 		}
 		node := &clv1.Machine{
@@ -185,7 +208,7 @@ func TestSimulatorRefusesInvalidRequests(t *testing.T) {
 func TestSimulatorFaults(t *testing.T) {
 	forEachSimulator(t, func(t *testing.T, b *sim.Simulator, h *service.Simulator) {
 		ctx := simCtx(t)
-		clusterID, op := uuid.NewString(), uuid.NewString()
+		clusterID, op := heldCluster(t, b)
 		f, err := h.InjectFault(ctx, &clv1.InjectFaultRequest{Fault: &clv1.Fault{
 			Step: infra.StepProvisionMachine, Mode: clv1.Fault_HOLD, Cluster: "clusters/" + clusterID, Count: 1,
 		}})
@@ -237,7 +260,9 @@ func TestSimulatorFaults(t *testing.T) {
 		if _, err := h.InjectFault(ctx, &clv1.InjectFaultRequest{Fault: &clv1.Fault{Step: infra.StepJoinNode, Mode: clv1.Fault_HOLD}}); err != nil {
 			t.Fatal(err)
 		}
-		go func() { done <- b.JoinNode(ctx, infra.Call{ClusterID: clusterID, MachineID: nodeID}, "1.30.2") }()
+		go func() {
+			done <- b.JoinNode(ctx, infra.Call{ClusterID: clusterID, Operation: op, MachineID: nodeID}, "1.30.2")
+		}()
 		if _, err := b.WaitHeld(ctx, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -260,8 +285,9 @@ func TestSimulatorFaults(t *testing.T) {
 func TestSimulatorListNetworkRules(t *testing.T) {
 	forEachSimulator(t, func(t *testing.T, b *sim.Simulator, h *service.Simulator) {
 		ctx := simCtx(t)
-		clusterID, nodeID := uuid.NewString(), uuid.NewString()
-		call := infra.Call{ClusterID: clusterID}
+		clusterID, op := heldCluster(t, b)
+		nodeID := uuid.NewString()
+		call := infra.Call{ClusterID: clusterID, Operation: op}
 		if _, err := b.ProvisionMachine(ctx, call, nodeID, infra.RoleControl, "medium", "1.30.2"); err != nil {
 			t.Fatal(err)
 		}

@@ -76,7 +76,7 @@ func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc
 		},
 		Release: func(ctx context.Context, cause error) (*repository.Transition, error) {
 			changes := o.repairAfterFailure(ctx)
-			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error())
+			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error()+o.skewNote(ctx))
 			return t, err
 		},
 	}
@@ -96,24 +96,43 @@ func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc
 var errShuttingDown = errors.New("server shutting down")
 
 // step records that the operation starts step name (progress, and the
-// runner's cancellation and recovery checks).
+// runner's cancellation, recovery and lease checks). A failed operation
+// repairing on its way out records nothing (it may have been cancelled), but
+// still stops without the lease: its peers may be recovering the cluster.
 func (o *op) step(ctx context.Context, name string) error {
 	if o.ending {
-		return ctx.Err()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if o.s.lease != nil {
+			if err := o.s.lease.Check(); err != nil {
+				return fmt.Errorf("before repair step %s: %w: %w", name, runner.ErrLeaseLost, err)
+			}
+		}
+		return nil
 	}
 	return o.p.Step(ctx, name)
 }
 
 // do runs one infrastructure step: it records the step (progress, and the
-// runner's cancellation and recovery checks), then calls it.
+// runner's cancellation and recovery checks), then calls it. A call the
+// infrastructure refuses because this job no longer holds the cluster
+// (infra.ErrFenced) stops the operation; nothing was changed.
 func (o *op) do(ctx context.Context, name string, call func() error) error {
 	if err := o.step(ctx, name); err != nil {
 		return err
 	}
-	return call()
+	err := call()
+	if errors.Is(err, infra.ErrFenced) {
+		o.s.log.Warn("infrastructure refused a step: this operation no longer holds its cluster", "job", o.job.ID,
+			"cluster", o.job.ResourceID, "step", name, "error", err)
+	}
+	return err
 }
 
-// call identifies the operation to the infrastructure.
+// call identifies the operation to the infrastructure: the job is the
+// fencing token (infra.Call.Operation) that the infrastructure checks
+// against the cluster's current operation before changing anything.
 func (o *op) call(machineID string) infra.Call {
 	return infra.Call{ClusterID: o.job.ResourceID, Operation: o.job.ID, MachineID: machineID}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -60,7 +61,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.StringVar(&cfg.Database, "database", "sqlite:clusterd.db", "database: sqlite:<path> or mysql://user:pass@host:port/db")
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:9090", "gRPC listen address")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8080", "REST gateway listen address (also /healthz and /openapi.json)")
-	fs.StringVar(&cfg.ServerID, "server-id", host, "this server's id among its peers")
+	fs.StringVar(&cfg.ServerID, "server-id", "", "this server's id among its peers; unique per live process (default: host name and gRPC port, e.g. "+host+":9090)")
+	fs.DurationVar(&cfg.DatabaseWait, "database-wait", 60*time.Second, "how long start-up waits for the database to answer")
 	fs.StringVar(&cfg.Infra, "infra", "sim", "infrastructure driver (sim)")
 	fs.DurationVar(&cfg.SimStepDelay, "sim-step-delay", 100*time.Millisecond, "time every simulated infrastructure step takes")
 	catalog := service.DefaultCatalog()
@@ -121,5 +123,19 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 			}
 		}
 	})
+	if envErr == nil && cfg.ServerID == "" {
+		cfg.ServerID = defaultServerID(host, cfg.GRPCAddr)
+	}
 	return cfg, level, envErr
+}
+
+// defaultServerID is the host name and the gRPC port: unique per live
+// process on a host, since no two can listen on one port, and the same
+// across restarts, so a restarted process takes its own id over at once.
+// Without a fixed port, the process id stands in for it.
+func defaultServerID(host, grpcAddr string) string {
+	if _, port, err := net.SplitHostPort(grpcAddr); err == nil && port != "" && port != "0" {
+		return host + ":" + port
+	}
+	return fmt.Sprintf("%s:pid%d", host, os.Getpid())
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestFlagsAndEnvironmentTwins(t *testing.T) {
@@ -71,7 +74,7 @@ func TestStartupErrorsKeepSecrets(t *testing.T) {
 		{"sqlite:" + filepath.Join(missing, "clusterd.db"), "the folder " + missing + " of the SQLite database"},
 	} {
 		var stderr strings.Builder
-		err := run([]string{"--database", tc.database, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, func(string) string { return "" }, &stderr)
+		err := run([]string{"--database", tc.database, "--database-wait", "1ms", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, func(string) string { return "" }, &stderr)
 		if err == nil {
 			t.Fatalf("%s: started", tc.database)
 		}
@@ -81,5 +84,36 @@ func TestStartupErrorsKeepSecrets(t *testing.T) {
 		if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %q does not say %q", tc.database, err, tc.want)
 		}
+	}
+}
+
+func TestDefaultServerIDIsUniquePerProcess(t *testing.T) {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "clusterd"
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, host + ":9090"},
+		{[]string{"--grpc-addr", "0.0.0.0:7001"}, host + ":7001"},
+		{[]string{"--grpc-addr", "127.0.0.1:0"}, fmt.Sprintf("%s:pid%d", host, os.Getpid())},
+		{[]string{"--server-id", "given"}, "given"},
+	} {
+		cfg, _, err := parse(tc.args, func(string) string { return "" }, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.ServerID != tc.want {
+			t.Errorf("parse(%v): server id %q; want %q", tc.args, cfg.ServerID, tc.want)
+		}
+	}
+	cfg, _, err := parse(nil, func(k string) string { return map[string]string{"CLUSTERD_SERVER_ID": "from-env"}[k] }, io.Discard)
+	if err != nil || cfg.ServerID != "from-env" {
+		t.Errorf("CLUSTERD_SERVER_ID: server id %q, %v; want from-env", cfg.ServerID, err)
+	}
+	if cfg.DatabaseWait != 60*time.Second {
+		t.Errorf("database wait %s; want the 60s default", cfg.DatabaseWait)
 	}
 }

@@ -31,6 +31,10 @@ const (
 // and logs can tell an injected failure from a real one.
 var ErrInjected = errors.New("injected failure")
 
+// ErrStopping is the error of a step that was held when the server began to
+// stop (StopHolding): it did nothing.
+var ErrStopping = errors.New("server stopping: held step not run")
+
 // holding is one blocked step; closing release lets it go on.
 type holding struct {
 	fault.Held
@@ -47,10 +51,30 @@ type injector struct {
 	// changed is closed, and replaced, whenever held changes, so that
 	// WaitHeld wakes without polling.
 	changed chan struct{}
+	// stopping is closed by StopHolding.
+	stopping chan struct{}
 }
 
 func newInjector() *injector {
-	return &injector{changed: make(chan struct{})}
+	return &injector{changed: make(chan struct{}), stopping: make(chan struct{})}
+}
+
+// StopHolding is part of a graceful stop: every step held now returns
+// ErrStopping without doing anything, and HOLD faults hold no step from now
+// on (a failed operation repairing on its way out runs through; the jobs'
+// own steps stop on their cancelled contexts). It may be called more than
+// once.
+func (s *Simulator) StopHolding() {
+	in := s.inj
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	select {
+	case <-in.stopping:
+		return
+	default:
+	}
+	close(in.stopping)
+	s.log.Info("simulator stops holding steps", "held", len(in.held))
 }
 
 // InjectFault validates f, gives it an id ("f-<n>") and makes it fire on the
@@ -183,6 +207,15 @@ func (s *Simulator) fire(ctx context.Context, step string, c infra.Call) error {
 		return nil
 	}
 	f := in.faults[i]
+	if f.Mode == ModeHold {
+		select {
+		case <-in.stopping:
+			in.mu.Unlock()
+			s.log.Info("hold fault not applied: server stopping", "fault", f.ID, "step", step, "cluster", c.ClusterID, "operation", c.Operation)
+			return nil
+		default:
+		}
+	}
 	switch {
 	case f.Count == 1:
 		in.faults = slices.Delete(in.faults, i, i+1)
@@ -211,17 +244,23 @@ func (s *Simulator) fire(ctx context.Context, step string, c infra.Call) error {
 	case ModeDelay:
 		return sleep(ctx, f.Delay)
 	default: // ModeHold
-		select {
-		case <-h.release:
-			return nil
-		case <-ctx.Done():
+		forget := func() {
 			in.mu.Lock()
 			if i := slices.Index(in.held, h); i >= 0 {
 				in.held = slices.Delete(in.held, i, i+1)
 				in.broadcastLocked()
 			}
 			in.mu.Unlock()
+		}
+		select {
+		case <-h.release:
+			return nil
+		case <-ctx.Done():
+			forget()
 			return ctx.Err()
+		case <-in.stopping:
+			forget()
+			return fmt.Errorf("%w (fault %s)", ErrStopping, f.ID)
 		}
 	}
 }

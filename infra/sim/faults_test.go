@@ -331,8 +331,10 @@ func TestStepDelay(t *testing.T) {
 	forEachBackend(t, sim.Config{StepDelay: delay}, func(t *testing.T, s *sim.Simulator) {
 		ctx := ctxT(t)
 		free := freeMachine(t, s)
+		c := uuid.NewString()
+		op := holder(t, s, c)
 		start := time.Now()
-		if err := s.ValidateNode(ctx, infra.Call{ClusterID: uuid.NewString(), MachineID: free.ID}); err != nil {
+		if err := s.ValidateNode(ctx, infra.Call{ClusterID: c, Operation: op, MachineID: free.ID}); err != nil {
 			t.Fatal(err)
 		}
 		if took := time.Since(start); took < delay {
@@ -345,7 +347,9 @@ func TestStepDelay(t *testing.T) {
 		// sleep deaf to its context).
 		ctx, cancel := context.WithTimeout(ctxT(t), 20*time.Millisecond)
 		defer cancel()
-		if err := s.ValidateNode(ctx, infra.Call{ClusterID: uuid.NewString(), MachineID: free.ID}); !errors.Is(err, context.DeadlineExceeded) {
+		c := uuid.NewString()
+		op := holder(t, s, c)
+		if err := s.ValidateNode(ctx, infra.Call{ClusterID: c, Operation: op, MachineID: free.ID}); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("step whose context ends in its delay: err = %v; want DeadlineExceeded", err)
 		}
 		if m := machine(t, s, free.ID); m.ClusterID != "" {

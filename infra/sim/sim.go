@@ -6,7 +6,10 @@
 //
 // Every step is idempotent, like a real driver's must be: an operation run
 // again after an interruption converges instead of failing on what it did
-// the first time.
+// the first time. Every step is fenced, as infra's package doc asks of a
+// driver: its machine writes and the check that its job still holds its
+// cluster are one transaction, logged in the sim_calls table (accepted and
+// refused alike) so that tests can check the promise independently.
 package sim
 
 import (
@@ -14,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,10 +33,10 @@ type Store interface {
 	GetMachine(ctx context.Context, id string) (repository.Machine, error)
 	ListMachines(ctx context.Context, clusterIDs ...string) ([]repository.Machine, error)
 	UpdateMachine(ctx context.Context, id string, cond repository.MachineCondition, ch repository.MachineChanges) (repository.Machine, error)
-	DeleteMachine(ctx context.Context, id string) error
 	ListNetworkRules(ctx context.Context, clusterID string) ([]repository.NetworkRule, error)
-	AddNetworkRules(ctx context.Context, rules []repository.NetworkRule) error
-	DeleteNetworkRules(ctx context.Context, rules []repository.NetworkRule) error
+	// Fenced runs a step's writes in one transaction, only while the
+	// step's job holds its cluster (repository.ErrFenced otherwise).
+	Fenced(ctx context.Context, f repository.Fence, fn func(tx *repository.Store) error) error
 }
 
 // Config tunes the simulator.
@@ -54,6 +58,9 @@ type Simulator struct {
 	now   func() time.Time
 	log   *slog.Logger
 	inj   *injector
+	// refused counts the calls refused because their job no longer held
+	// the cluster.
+	refused atomic.Int64
 }
 
 var _ infra.Infrastructure = (*Simulator)(nil)
@@ -85,6 +92,28 @@ func (s *Simulator) step(ctx context.Context, name string, c infra.Call) error {
 	}
 	return nil
 }
+
+// fenced runs a step's writes only while the call's job holds the call's
+// cluster (repository.Store.Fenced). A refusal is counted, logged, and
+// returned wrapping infra.ErrFenced; nothing was changed.
+func (s *Simulator) fenced(ctx context.Context, step string, c infra.Call, fn func(tx *repository.Store) error) error {
+	err := s.store.Fenced(ctx, repository.Fence{ClusterID: c.ClusterID, JobID: c.Operation, Step: step, MachineID: c.MachineID}, fn)
+	var refused *repository.FencedError
+	if errors.As(err, &refused) {
+		s.refused.Add(1)
+		s.log.Warn("step refused: its job no longer holds the cluster", "step", step, "cluster", c.ClusterID,
+			"operation", c.Operation, "machine", c.MachineID, "found", refused.Reason)
+		return fmt.Errorf("%s on cluster %s by operation %s: %w: %s", step, c.ClusterID, c.Operation, infra.ErrFenced, refused.Reason)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", step, err)
+	}
+	return nil
+}
+
+// Refused is how many calls this simulator refused because their job no
+// longer held the cluster (the sim_calls table has every process's).
+func (s *Simulator) Refused() int64 { return s.refused.Load() }
 
 // sleep waits d, or returns ctx's error as soon as ctx ends (at once if it
 // has ended already).

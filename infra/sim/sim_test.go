@@ -25,9 +25,38 @@ func forEachBackend(t *testing.T, cfg sim.Config, fn func(t *testing.T, s *sim.S
 	t.Helper()
 	for _, b := range repotest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			fn(t, sim.New(repotest.Open(t, b), cfg))
+			fn(t, newSim(t, repotest.Open(t, b), cfg))
 		})
 	}
+}
+
+// stores remembers each test simulator's store, so that helpers can write
+// the cluster and job rows every fenced step needs.
+var stores sync.Map // *sim.Simulator -> *repository.Store
+
+func newSim(t *testing.T, store *repository.Store, cfg sim.Config) *sim.Simulator {
+	s := sim.New(store, cfg)
+	stores.Store(s, store)
+	t.Cleanup(func() { stores.Delete(s) })
+	return s
+}
+
+func storeOf(s *sim.Simulator) *repository.Store {
+	v, _ := stores.Load(s)
+	return v.(*repository.Store)
+}
+
+// holder makes cluster id exist, held by a new job, as a claim would, and
+// returns the job: every step must name a job that holds its cluster.
+func holder(t *testing.T, s *sim.Simulator, id string) string {
+	t.Helper()
+	_, j, err := storeOf(s).CreateCluster(ctxT(t),
+		repository.NewCluster{ID: id, Account: "acme", DisplayName: "c-" + id[:8], Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
+		repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatalf("cluster %s held by a job: %v", id, err)
+	}
+	return j.ID
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -40,17 +69,19 @@ func ctxT(t *testing.T) context.Context {
 // machine, provisioned through the steps.
 type cluster struct {
 	id      string
+	op      string // the job holding it
 	control string
 	worker  string
 }
 
 func (c cluster) call(machine string) infra.Call {
-	return infra.Call{ClusterID: c.id, Operation: "op-" + c.id[:8], MachineID: machine}
+	return infra.Call{ClusterID: c.id, Operation: c.op, MachineID: machine}
 }
 
 func newCluster(t *testing.T, s *sim.Simulator) cluster {
 	t.Helper()
 	c := cluster{id: uuid.NewString(), control: uuid.NewString(), worker: uuid.NewString()}
+	c.op = holder(t, s, c.id)
 	for _, m := range []struct {
 		id   string
 		role infra.Role
@@ -351,7 +382,7 @@ func TestStepsAreIdempotent(t *testing.T) {
 				}
 				// Clean up so later subtests see only their own machines.
 				for _, id := range []string{e.c.control, e.c.worker, e.free.ID} {
-					if err := s.DestroyMachine(ctx, infra.Call{MachineID: id}); err != nil {
+					if err := s.DestroyMachine(ctx, e.c.call(id)); err != nil {
 						t.Fatalf("cleanup: %v", err)
 					}
 				}
@@ -567,7 +598,7 @@ func TestValidateNode(t *testing.T) {
 	for _, b := range repotest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			store := repotest.Open(t, b)
-			testValidateNode(t, store, sim.New(store, sim.Config{}))
+			testValidateNode(t, store, newSim(t, store, sim.Config{}))
 		})
 	}
 }
@@ -636,14 +667,16 @@ func TestValidateNodeRaceHasOneWinner(t *testing.T) {
 			start    = make(chan struct{})
 			errs     = make([]error, n)
 			clusters = make([]string, n)
+			ops      = make([]string, n)
 		)
 		for i := range n {
 			clusters[i] = uuid.NewString()
+			ops[i] = holder(t, s, clusters[i])
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				<-start
-				errs[i] = s.ValidateNode(ctx, infra.Call{ClusterID: clusters[i], Operation: "add", MachineID: free.ID})
+				errs[i] = s.ValidateNode(ctx, infra.Call{ClusterID: clusters[i], Operation: ops[i], MachineID: free.ID})
 			}()
 		}
 		close(start)

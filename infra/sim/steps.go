@@ -13,10 +13,13 @@ import (
 )
 
 // The steps. Each one starts with s.step (delay and faults) and then makes
-// one idempotent change. A step that acts on a machine only touches it while
-// it belongs to the call's cluster or to the free pool (where delete_node
-// puts it, so a step run again after delete_node still succeeds); a machine
-// another cluster has taken is infra.ErrUnusable.
+// one idempotent change, in a fenced transaction (s.fenced): the change is
+// made only if the call's job still holds the call's cluster, checked with
+// both rows locked, or the call is refused with infra.ErrFenced and nothing
+// changes (infra's package doc). A step that acts on a machine only touches
+// it while it belongs to the call's cluster or to the free pool (where
+// delete_node puts it, so a step run again after delete_node still
+// succeeds); a machine another cluster has taken is infra.ErrUnusable.
 
 // ProvisionMachine creates machine id for the call's cluster, running and
 // not joined. The machine already existing in that cluster is success.
@@ -37,18 +40,26 @@ func (s *Simulator) ProvisionMachine(ctx context.Context, c infra.Call, id strin
 	if err := s.step(ctx, step, c); err != nil {
 		return infra.Machine{}, err
 	}
-	m, err := s.store.CreateMachine(ctx, repository.Machine{
-		ID: id, ClusterID: c.ClusterID, Role: string(role), Power: string(infra.PowerRunning),
-		KubernetesVersion: version, Offering: offering,
-	})
-	if errors.Is(err, repository.ErrAlreadyExists) {
-		m, err = s.store.GetMachine(ctx, id)
-		if err == nil && m.ClusterID != c.ClusterID {
-			return infra.Machine{}, fmt.Errorf("%s: machine %s exists in %s, not cluster %s: %w", step, id, clusterOrFree(m.ClusterID), c.ClusterID, infra.ErrUnusable)
+	var m repository.Machine
+	err := s.fenced(ctx, step, c, func(tx *repository.Store) error {
+		var err error
+		m, err = tx.GetMachine(ctx, id)
+		switch {
+		case errors.Is(err, repository.ErrNotFound):
+			m, err = tx.CreateMachine(ctx, repository.Machine{
+				ID: id, ClusterID: c.ClusterID, Role: string(role), Power: string(infra.PowerRunning),
+				KubernetesVersion: version, Offering: offering,
+			})
+			return err
+		case err != nil:
+			return err
+		case m.ClusterID != c.ClusterID:
+			return fmt.Errorf("machine %s exists in %s, not cluster %s: %w", id, clusterOrFree(m.ClusterID), c.ClusterID, infra.ErrUnusable)
 		}
-	}
+		return nil
+	})
 	if err != nil {
-		return infra.Machine{}, fmt.Errorf("%s: %w", step, err)
+		return infra.Machine{}, err
 	}
 	return toMachine(m), nil
 }
@@ -150,22 +161,19 @@ func (s *Simulator) change(ctx context.Context, step string, c infra.Call, cond 
 	if err := s.step(ctx, step, c); err != nil {
 		return err
 	}
-	if c.ClusterID != "" {
-		cond.ClusterIDs = []string{c.ClusterID, ""}
-	}
-	_, err := s.store.UpdateMachine(ctx, c.MachineID, cond, ch)
-	if errors.Is(err, repository.ErrConflict) {
-		err = s.explain(ctx, c, cond)
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", step, missing(err, c.MachineID))
-	}
-	return nil
+	cond.ClusterIDs = []string{c.ClusterID, ""}
+	return s.fenced(ctx, step, c, func(tx *repository.Store) error {
+		_, err := tx.UpdateMachine(ctx, c.MachineID, cond, ch)
+		if errors.Is(err, repository.ErrConflict) {
+			err = explain(ctx, tx, c, cond)
+		}
+		return missing(err, c.MachineID)
+	})
 }
 
 // explain says why a machine did not meet a step's condition.
-func (s *Simulator) explain(ctx context.Context, c infra.Call, cond repository.MachineCondition) error {
-	m, err := s.store.GetMachine(ctx, c.MachineID)
+func explain(ctx context.Context, tx *repository.Store, c infra.Call, cond repository.MachineCondition) error {
+	m, err := tx.GetMachine(ctx, c.MachineID)
 	switch {
 	case err != nil:
 		return err
@@ -197,30 +205,29 @@ func (s *Simulator) ConfigureNetwork(ctx context.Context, c infra.Call, want []i
 	if err := s.step(ctx, step, c); err != nil {
 		return err
 	}
-	have, err := s.store.ListNetworkRules(ctx, c.ClusterID)
-	if err != nil {
-		return fmt.Errorf("%s: %w", step, err)
-	}
-	var add, del []repository.NetworkRule
-	had := make(map[repository.NetworkRule]bool, len(have))
-	for _, r := range have {
-		had[r] = true
-		if !wanted[r] {
-			del = append(del, r)
+	return s.fenced(ctx, step, c, func(tx *repository.Store) error {
+		have, err := tx.ListNetworkRules(ctx, c.ClusterID)
+		if err != nil {
+			return err
 		}
-	}
-	for r := range wanted {
-		if !had[r] {
-			add = append(add, r)
+		var add, del []repository.NetworkRule
+		had := make(map[repository.NetworkRule]bool, len(have))
+		for _, r := range have {
+			had[r] = true
+			if !wanted[r] {
+				del = append(del, r)
+			}
 		}
-	}
-	if err := s.store.AddNetworkRules(ctx, add); err != nil {
-		return fmt.Errorf("%s: %w", step, err)
-	}
-	if err := s.store.DeleteNetworkRules(ctx, del); err != nil {
-		return fmt.Errorf("%s: %w", step, err)
-	}
-	return nil
+		for r := range wanted {
+			if !had[r] {
+				add = append(add, r)
+			}
+		}
+		if err := tx.AddNetworkRules(ctx, add); err != nil {
+			return err
+		}
+		return tx.DeleteNetworkRules(ctx, del)
+	})
 }
 
 // WaitAPI succeeds once the cluster has a running control machine and
@@ -230,14 +237,20 @@ func (s *Simulator) WaitAPI(ctx context.Context, c infra.Call) (string, error) {
 	if err := s.step(ctx, step, c); err != nil {
 		return "", err
 	}
-	ms, err := s.clusterMachines(ctx, step, c)
+	err := s.fenced(ctx, step, c, func(tx *repository.Store) error {
+		ms, err := clusterMachines(ctx, tx, c)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(ms, func(m repository.Machine) bool {
+			return m.Role == string(infra.RoleControl) && m.Power == string(infra.PowerRunning)
+		}) {
+			return fmt.Errorf("cluster %s has no running control machine", c.ClusterID)
+		}
+		return nil
+	})
 	if err != nil {
 		return "", err
-	}
-	if !slices.ContainsFunc(ms, func(m repository.Machine) bool {
-		return m.Role == string(infra.RoleControl) && m.Power == string(infra.PowerRunning)
-	}) {
-		return "", fmt.Errorf("%s: cluster %s has no running control machine", step, c.ClusterID)
 	}
 	return fmt.Sprintf("https://%s.clusterd.sim:6443", c.ClusterID[:min(8, len(c.ClusterID))]), nil
 }
@@ -267,22 +280,21 @@ func (s *Simulator) clusterStep(ctx context.Context, step string, c infra.Call) 
 	if err := s.step(ctx, step, c); err != nil {
 		return err
 	}
-	_, err := s.clusterMachines(ctx, step, c)
-	return err
+	return s.fenced(ctx, step, c, func(tx *repository.Store) error {
+		_, err := clusterMachines(ctx, tx, c)
+		return err
+	})
 }
 
 // clusterMachines lists the call's cluster's machines; a cluster without
 // any cannot have Kubernetes to talk to.
-func (s *Simulator) clusterMachines(ctx context.Context, step string, c infra.Call) ([]repository.Machine, error) {
-	if c.ClusterID == "" {
-		return nil, fmt.Errorf("%s: the call names no cluster", step)
-	}
-	ms, err := s.store.ListMachines(ctx, c.ClusterID)
+func clusterMachines(ctx context.Context, tx *repository.Store, c infra.Call) ([]repository.Machine, error) {
+	ms, err := tx.ListMachines(ctx, c.ClusterID)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", step, err)
+		return nil, err
 	}
 	if len(ms) == 0 {
-		return nil, fmt.Errorf("%s: cluster %s has no machines", step, c.ClusterID)
+		return nil, fmt.Errorf("cluster %s has no machines", c.ClusterID)
 	}
 	return ms, nil
 }
@@ -300,34 +312,33 @@ func (s *Simulator) ValidateNode(ctx context.Context, c infra.Call) error {
 	if err := s.step(ctx, step, c); err != nil {
 		return err
 	}
-	m, err := s.store.GetMachine(ctx, c.MachineID)
-	if errors.Is(err, repository.ErrNotFound) {
-		return fmt.Errorf("%s: no such machine %s: %w", step, c.MachineID, infra.ErrUnusable)
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", step, err)
-	}
-	if m.ClusterID == c.ClusterID {
-		return nil
-	}
-	if err := usable(m); err != nil {
-		return fmt.Errorf("%s: %w", step, err)
-	}
-	_, err = s.store.UpdateMachine(ctx, m.ID,
-		repository.MachineCondition{ClusterIDs: []string{""}, Role: string(infra.RoleExternal), Power: string(infra.PowerRunning)},
-		repository.MachineChanges{ClusterID: &c.ClusterID, Role: new(string(infra.RoleWorker))})
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, repository.ErrConflict) || errors.Is(err, repository.ErrNotFound) {
-		// Lost a race: a concurrent validate of the same cluster is success.
-		now, gerr := s.store.GetMachine(ctx, m.ID)
-		if gerr == nil && now.ClusterID == c.ClusterID {
+	return s.fenced(ctx, step, c, func(tx *repository.Store) error {
+		m, err := tx.GetMachine(ctx, c.MachineID)
+		if errors.Is(err, repository.ErrNotFound) {
+			return fmt.Errorf("no such machine %s: %w", c.MachineID, infra.ErrUnusable)
+		}
+		if err != nil {
+			return err
+		}
+		if m.ClusterID == c.ClusterID {
 			return nil
 		}
-		return fmt.Errorf("%s: machine %s was taken or changed concurrently: %w", step, m.ID, infra.ErrUnusable)
-	}
-	return fmt.Errorf("%s: %w", step, err)
+		if err := usable(m); err != nil {
+			return err
+		}
+		_, err = tx.UpdateMachine(ctx, m.ID,
+			repository.MachineCondition{ClusterIDs: []string{""}, Role: string(infra.RoleExternal), Power: string(infra.PowerRunning)},
+			repository.MachineChanges{ClusterID: &c.ClusterID, Role: new(string(infra.RoleWorker))})
+		if errors.Is(err, repository.ErrConflict) || errors.Is(err, repository.ErrNotFound) {
+			// Lost a race: a concurrent validate of the same cluster is success.
+			now, gerr := tx.GetMachine(ctx, m.ID)
+			if gerr == nil && now.ClusterID == c.ClusterID {
+				return nil
+			}
+			return fmt.Errorf("machine %s was taken or changed concurrently: %w", m.ID, infra.ErrUnusable)
+		}
+		return err
+	})
 }
 
 // usable says why a machine cannot be adopted.
@@ -356,23 +367,20 @@ func (s *Simulator) DestroyMachine(ctx context.Context, c infra.Call) error {
 	if err := s.step(ctx, step, c); err != nil {
 		return err
 	}
-	if c.ClusterID != "" {
+	return s.fenced(ctx, step, c, func(tx *repository.Store) error {
 		cond := repository.MachineCondition{ClusterIDs: []string{c.ClusterID, ""}}
-		_, err := s.store.UpdateMachine(ctx, c.MachineID, cond, repository.MachineChanges{ClusterID: &c.ClusterID})
+		_, err := tx.UpdateMachine(ctx, c.MachineID, cond, repository.MachineChanges{ClusterID: &c.ClusterID})
 		if errors.Is(err, repository.ErrConflict) {
-			err = s.explain(ctx, c, cond)
+			err = explain(ctx, tx, c, cond)
 		}
 		if errors.Is(err, repository.ErrNotFound) {
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("%s: %w", step, err)
+			return err
 		}
-	}
-	if err := s.store.DeleteMachine(ctx, c.MachineID); err != nil {
-		return fmt.Errorf("%s: %w", step, err)
-	}
-	return nil
+		return tx.DeleteMachine(ctx, c.MachineID)
+	})
 }
 
 func clusterOrFree(id string) string {

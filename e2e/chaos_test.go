@@ -1,0 +1,878 @@
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/google/uuid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// The chaos soak (issue 8): three clusterd processes on one MariaDB (a
+// private mariadbd, so that it can be restarted), 16 clients sending random
+// operations to 20 clusters through any live process, a process SIGKILLed
+// and restarted every ~20s, one SIGSTOPped for longer than the peer timeout
+// and then continued, and one MariaDB restart; then every client stops, the
+// system settles, ALERT clusters are started (and upgraded when their nodes
+// disagree), and an invariant checker reads the histories, the jobs and the
+// simulator's fencing log:
+//
+//   - never two holders: every claim finds the cluster unheld or takes it
+//     over from a job that had ended; every end is written by the holder;
+//   - every operation ended: no job is IN_PROGRESS, and every accepted one
+//     has ended;
+//   - no cluster is left in an operation state, or held;
+//   - no infrastructure change by a job after it lost its claim: every call
+//     the simulator accepted was made while the history shows its job
+//     holding the cluster;
+//   - machines match the cluster at rest.
+//
+// CLUSTERD_CHAOS_DURATION sets how long the chaos lasts: make test runs a
+// short variant (the default, 40s, with shorter liveness settings and a kill
+// every ~10s), make chaos the 5-minute one (the binary's liveness defaults,
+// a kill every ~20s).
+func TestChaos(t *testing.T) {
+	d := 40 * time.Second
+	if v := os.Getenv("CLUSTERD_CHAOS_DURATION"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("CLUSTERD_CHAOS_DURATION=%q: %v", v, err)
+		}
+	}
+	long := d >= 2*time.Minute
+	if !long {
+		t.Parallel()
+	}
+	cfg := chaosConfig{
+		duration: d, clusters: 20, clients: 16, servers: 3,
+		killEvery: 10 * time.Second, peerTimeout: 3 * time.Second,
+		flags: []string{"--heartbeat-interval", "300ms", "--peer-timeout", "3s", "--scan-interval", "500ms", "--reconcile-interval", "2s", "--sim-step-delay", "20ms"},
+	}
+	if long {
+		// The binary's liveness defaults (heartbeat 1s, peer timeout 6s,
+		// scan 2s, reconcile 10s).
+		cfg.killEvery, cfg.peerTimeout = 20*time.Second, 6*time.Second
+		cfg.flags = []string{"--sim-step-delay", "20ms"}
+	}
+	c := newChaos(t, cfg)
+	c.run()
+	c.settle()
+	c.heal()
+	c.check()
+	c.report()
+}
+
+type chaosConfig struct {
+	duration    time.Duration
+	clusters    int
+	clients     int
+	servers     int
+	killEvery   time.Duration
+	peerTimeout time.Duration
+	flags       []string
+}
+
+// chaos is one soak: the database, the processes, what the clients and the
+// chaos did, and what the checker found.
+type chaos struct {
+	t    *testing.T
+	cfg  chaosConfig
+	db   *privateMariaDB
+	dsn  string
+	repo *repository.Store
+	raw  *sql.DB // reads the checker makes that the repository has no query for
+
+	// measures are the goroutines timing recoveries; settle joins them.
+	measures sync.WaitGroup
+
+	slots []*slot
+	conns []*grpc.ClientConn
+
+	names []string // the clusters
+
+	mu         sync.Mutex
+	accepted   map[string]string // operation -> verb
+	refused    map[string]int    // reason -> count
+	unexpected []string
+	retries    atomic.Int64 // requests sent again (same request_id) after UNAVAILABLE
+
+	kills, stops, dbRestarts int
+	dbDown                   []time.Duration
+	recoveries               []recoveryTime
+
+	violations []string
+	notes      []string
+	figures    map[string]int
+	// failures counts the messages of operations that failed other than
+	// by a kill or a stop (the database restart, a lost lease, fencing).
+	failures map[string]int
+}
+
+// slot is one of the three processes: its fixed addresses (so a restarted
+// process gets the same default server id, host:port) and the current one.
+type slot struct {
+	i                  int
+	grpcAddr, httpAddr string
+	mu                 sync.Mutex
+	cur                *server
+	launches           int
+	stopped            bool // SIGSTOPped now
+}
+
+// recoveryTime is how long the clusters a killed or stopped process's jobs
+// held took to be released (by the restarted process, or by its peers).
+type recoveryTime struct {
+	what string
+	jobs int
+	took time.Duration
+}
+
+func newChaos(t *testing.T, cfg chaosConfig) *chaos {
+	c := &chaos{t: t, cfg: cfg, accepted: map[string]string{}, refused: map[string]int{}, figures: map[string]int{}, failures: map[string]int{}}
+	c.db = startPrivateMariaDB(t)
+	c.dsn = c.db.newDatabase("chaos")
+	var err error
+	c.repo, err = repository.Open(context.Background(), c.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.repo.Close() })
+	c.raw = c.db.sqlDB("chaos")
+	for i := range cfg.servers {
+		s := &slot{i: i, grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
+		c.slots = append(c.slots, s)
+		c.launch(s)
+		// One connection per address, kept across restarts; a short
+		// reconnect backoff so a restarted process is used again soon.
+		bo := backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, MaxDelay: 200 * time.Millisecond}
+		conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: time.Second}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		c.conns = append(c.conns, conn)
+	}
+	c.createClusters()
+	return c
+}
+
+// launch starts slot s's process (no --server-id: the default, host:port).
+func (c *chaos) launch(s *slot) {
+	c.t.Helper()
+	s.launches++
+	log := filepath.Join(c.t.TempDir(), fmt.Sprintf("clusterd-%d-%d.log", s.i, s.launches))
+	args := append([]string{"--database", c.dsn}, c.cfg.flags...)
+	srv, err := spawnAt(c.t, fmt.Sprintf("slot%d", s.i), args, s.grpcAddr, s.httpAddr, log)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := srv.waitServing(c.t, 60*time.Second); err != nil {
+		c.t.Fatalf("slot %d launch %d: %v", s.i, s.launches, err)
+	}
+	s.mu.Lock()
+	s.cur = srv
+	s.mu.Unlock()
+}
+
+func (c *chaos) createClusters() {
+	t := c.t
+	clients := clv1.NewClusterLifecycleClient(c.conns[0])
+	ops := longrunningpb.NewOperationsClient(c.conns[0])
+	var pending []string
+	for i := range c.cfg.clusters {
+		ctx, cancel := rpcCtx()
+		op, err := clients.CreateCluster(ctx, &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
+			DisplayName: fmt.Sprintf("chaos-%d", i), KubernetesVersion: "1.30.2",
+			ControlNodeCount: 1, WorkerNodeCount: 1 + int32(i%3), ServiceOffering: "medium",
+		}})
+		cancel()
+		if err != nil {
+			t.Fatalf("create chaos-%d: %v", i, err)
+		}
+		c.accepted[op.GetName()] = "create"
+		pending = append(pending, op.GetName())
+	}
+	for _, name := range pending {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			ctx, cancel := rpcCtx()
+			op, err := ops.GetOperation(ctx, &longrunningpb.GetOperationRequest{Name: name})
+			cancel()
+			if err == nil && op.GetDone() {
+				if op.GetError() != nil {
+					t.Fatalf("create %s failed: %v", name, op.GetError())
+				}
+				md := &clv1.OperationMetadata{}
+				_ = op.GetMetadata().UnmarshalTo(md)
+				c.names = append(c.names, md.GetCluster())
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("create %s not done: %v", name, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// run lets the clients and the chaos loose for the configured duration.
+func (c *chaos) run() {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.duration)
+	defer cancel()
+	var wg sync.WaitGroup
+	seed := uint64(time.Now().UnixNano())
+	c.t.Logf("chaos: %s, %d processes, %d clients, %d clusters, seed %d", c.cfg.duration, c.cfg.servers, c.cfg.clients, c.cfg.clusters, seed)
+	for g := range c.cfg.clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.client(ctx, rand.New(rand.NewPCG(seed, uint64(g))))
+		}()
+	}
+	c.monkey(ctx, rand.New(rand.NewPCG(seed, 1<<32)))
+	wg.Wait()
+}
+
+// client sends random operations, each with a request_id, through a random
+// process; a request a process could not answer (killed, stopped, draining,
+// its lease or its database gone) is sent again, with the same request_id,
+// through another, so an operation accepted just before a kill is found
+// again rather than lost or started twice.
+func (c *chaos) client(ctx context.Context, rng *rand.Rand) {
+	for ctx.Err() == nil {
+		name := c.names[rng.IntN(len(c.names))]
+		conn := c.conns[rng.IntN(len(c.conns))]
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		cl, err := clv1.NewClusterLifecycleClient(conn).GetCluster(rctx, &clv1.GetClusterRequest{Name: name})
+		cancel()
+		if err != nil {
+			c.pause(ctx, 50*time.Millisecond)
+			continue
+		}
+		verb, send := chaosRequest(rng, cl)
+		for attempt := 0; attempt < 6 && ctx.Err() == nil; attempt++ {
+			conn := c.conns[(rng.IntN(len(c.conns))+attempt)%len(c.conns)]
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			op, err := send(rctx, clv1.NewClusterLifecycleClient(conn))
+			cancel()
+			if err == nil {
+				c.mu.Lock()
+				c.accepted[op.GetName()] = verb
+				c.mu.Unlock()
+				break
+			}
+			code, info := refusal(err)
+			if code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.Canceled {
+				c.retries.Add(1)
+				c.pause(ctx, 100*time.Millisecond)
+				continue
+			}
+			c.mu.Lock()
+			switch {
+			case code == codes.Aborted || code == codes.FailedPrecondition:
+				c.refused[info.GetReason()]++
+			default:
+				c.unexpected = append(c.unexpected, fmt.Sprintf("%s of %s: %v", verb, name, err))
+			}
+			c.mu.Unlock()
+			break
+		}
+		c.pause(ctx, time.Duration(20+rng.IntN(60))*time.Millisecond)
+	}
+}
+
+func (c *chaos) pause(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// chaosRequest picks a request for cluster cl as read: start, stop, a scale
+// of one worker up or down, or an upgrade to a later version, each with a
+// request_id of its own that its retries keep.
+func chaosRequest(rng *rand.Rand, cl *clv1.Cluster) (string, func(context.Context, clv1.ClusterLifecycleClient) (*longrunningpb.Operation, error)) {
+	name, id := cl.GetName(), uuid.NewString()
+	next := map[string][]string{"1.30.2": {"1.30.5", "1.31.1"}, "1.30.5": {"1.31.1"}}[cl.GetKubernetesVersion()]
+	switch n := rng.IntN(10); {
+	case n < 3:
+		return "start", func(ctx context.Context, c clv1.ClusterLifecycleClient) (*longrunningpb.Operation, error) {
+			return c.StartCluster(ctx, &clv1.StartClusterRequest{Name: name, RequestId: id})
+		}
+	case n < 5:
+		return "stop", func(ctx context.Context, c clv1.ClusterLifecycleClient) (*longrunningpb.Operation, error) {
+			return c.StopCluster(ctx, &clv1.StopClusterRequest{Name: name, RequestId: id})
+		}
+	case n < 9 || len(next) == 0:
+		w := cl.GetWorkerNodeCount()
+		switch {
+		case w >= 3:
+			w--
+		case w <= 1:
+			w++
+		case rng.IntN(2) == 0:
+			w--
+		default:
+			w++
+		}
+		return "scale", func(ctx context.Context, c clv1.ClusterLifecycleClient) (*longrunningpb.Operation, error) {
+			return c.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: name, WorkerNodeCount: proto.Int32(w), RequestId: id, Etag: cl.GetEtag()})
+		}
+	default:
+		v := next[rng.IntN(len(next))]
+		return "upgrade", func(ctx context.Context, c clv1.ClusterLifecycleClient) (*longrunningpb.Operation, error) {
+			return c.UpgradeCluster(ctx, &clv1.UpgradeClusterRequest{Name: name, KubernetesVersion: v, RequestId: id, Etag: cl.GetEtag()})
+		}
+	}
+}
+
+// monkey is the chaos: a SIGKILL and restart every ~killEvery, one SIGSTOP
+// longer than the peer timeout at a third of the run, one MariaDB restart at
+// two thirds.
+func (c *chaos) monkey(ctx context.Context, rng *rand.Rand) {
+	began := time.Now()
+	stopAt := began.Add(c.cfg.duration / 3)
+	dbAt := began.Add(2 * c.cfg.duration / 3)
+	nextKill := began.Add(c.cfg.killEvery/2 + time.Duration(rng.Int64N(int64(c.cfg.killEvery/2))))
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	for {
+		now := time.Now()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case !stopAt.IsZero() && now.After(stopAt):
+			stopAt = time.Time{}
+			s := c.slots[rng.IntN(len(c.slots))]
+			bg.Add(1)
+			go func() {
+				defer bg.Done()
+				c.sigstop(s, c.cfg.peerTimeout+2*time.Second)
+			}()
+		case !dbAt.IsZero() && now.After(dbAt):
+			dbAt = time.Time{}
+			down := c.db.restart()
+			c.mu.Lock()
+			c.dbRestarts++
+			c.dbDown = append(c.dbDown, down)
+			c.mu.Unlock()
+			c.t.Logf("chaos: MariaDB restarted (down %s)", down.Round(time.Millisecond))
+		case now.After(nextKill):
+			nextKill = now.Add(c.cfg.killEvery/2 + time.Duration(rng.Int64N(int64(c.cfg.killEvery))))
+			var live []*slot
+			for _, s := range c.slots {
+				s.mu.Lock()
+				if !s.stopped {
+					live = append(live, s)
+				}
+				s.mu.Unlock()
+			}
+			if len(live) > 0 {
+				c.kill(live[rng.IntN(len(live))])
+			}
+		}
+		c.pause(ctx, 50*time.Millisecond)
+	}
+}
+
+// inProgress lists the IN_PROGRESS jobs of a server id with their clusters.
+func (c *chaos) inProgress(serverID string) map[string]string {
+	rows, err := c.raw.Query("SELECT id, COALESCE(resource_id, '') FROM jobs WHERE status = 'IN_PROGRESS' AND server_id = ?", serverID)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var id, cluster string
+		if rows.Scan(&id, &cluster) == nil {
+			out[id] = cluster
+		}
+	}
+	return out
+}
+
+// serverID is the default id of slot s's process: host and gRPC port.
+func (c *chaos) serverID(s *slot) string {
+	host, _ := os.Hostname()
+	_, port, _ := strings.Cut(s.grpcAddr, ":")
+	return host + ":" + port
+}
+
+// kill SIGKILLs slot s's process and starts it again at once, on the same
+// port (so the same server id); it measures how long the clusters its jobs
+// held take to be released.
+func (c *chaos) kill(s *slot) {
+	s.mu.Lock()
+	srv := s.cur
+	s.mu.Unlock()
+	srv.kill9()
+	killed := time.Now()
+	held := c.inProgress(c.serverID(s))
+	c.launch(s)
+	c.mu.Lock()
+	c.kills++
+	c.mu.Unlock()
+	c.measures.Add(1)
+	go func() {
+		defer c.measures.Done()
+		c.measure(fmt.Sprintf("kill of slot %d", s.i), killed, held)
+	}()
+}
+
+// sigstop freezes slot s's process for d (longer than the peer timeout), then
+// lets it go on: its peers must fail its jobs and recover its clusters, and
+// when it wakes, its steps must be refused.
+func (c *chaos) sigstop(s *slot, d time.Duration) {
+	s.mu.Lock()
+	srv := s.cur
+	s.stopped = true
+	s.mu.Unlock()
+	_ = srv.cmd.Process.Signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	held := c.inProgress(c.serverID(s))
+	c.t.Logf("chaos: SIGSTOP slot %d (%d jobs running) for %s", s.i, len(held), d)
+	c.measures.Add(1)
+	go func() {
+		defer c.measures.Done()
+		c.measure(fmt.Sprintf("SIGSTOP of slot %d (recovered by its peers)", s.i), stopped, held)
+	}()
+	time.Sleep(d)
+	_ = srv.cmd.Process.Signal(syscall.SIGCONT)
+	s.mu.Lock()
+	s.stopped = false
+	s.mu.Unlock()
+	c.mu.Lock()
+	c.stops++
+	c.mu.Unlock()
+}
+
+// measure waits until no cluster is held by any of the jobs held (job ->
+// cluster) and records how long that took from since.
+func (c *chaos) measure(what string, since time.Time, held map[string]string) {
+	if len(held) == 0 {
+		return
+	}
+	db := c.raw
+	deadline := since.Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		still := 0
+		for job, cluster := range held {
+			var cur string
+			if err := db.QueryRow("SELECT current_operation FROM clusters WHERE id = ?", cluster).Scan(&cur); err != nil || cur == job {
+				still++
+			}
+		}
+		if still == 0 {
+			c.mu.Lock()
+			c.recoveries = append(c.recoveries, recoveryTime{what, len(held), time.Since(since)})
+			c.mu.Unlock()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.mu.Lock()
+	c.violate("%s: clusters of %d jobs still held 2 minutes later", what, len(held))
+	c.mu.Unlock()
+}
+
+// settle waits until every job has ended and every cluster is released.
+func (c *chaos) settle() {
+	c.measures.Wait()
+	db := c.raw
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var jobs, held int
+		err1 := db.QueryRow("SELECT COUNT(*) FROM jobs WHERE status = 'IN_PROGRESS'").Scan(&jobs)
+		err2 := db.QueryRow("SELECT COUNT(*) FROM clusters WHERE current_operation <> '' OR state IN ('CREATED','STARTING','STOPPING','SCALING','SCALING_STOPPED_CLUSTER','UPGRADING','IMPORTING','REMOVING_NODES','RECOVERING','DESTROYING')").Scan(&held)
+		if err1 == nil && err2 == nil && jobs == 0 && held == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.violate("not settled 3 minutes after the chaos: %d jobs IN_PROGRESS, %d clusters held or in an operation state (%v %v)", jobs, held, err1, err2)
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// heal brings every ALERT cluster back: a start, and an upgrade to the
+// newest version a node runs when the nodes disagree, so that "machines match
+// the cluster at rest" can be checked on every cluster.
+func (c *chaos) heal() {
+	t := c.t
+	cl := clv1.NewClusterLifecycleClient(c.conns[0])
+	ops := longrunningpb.NewOperationsClient(c.conns[0])
+	wait := func(op *longrunningpb.Operation) *longrunningpb.Operation {
+		deadline := time.Now().Add(time.Minute)
+		for time.Now().Before(deadline) {
+			ctx, cancel := rpcCtx()
+			got, err := ops.GetOperation(ctx, &longrunningpb.GetOperationRequest{Name: op.GetName()})
+			cancel()
+			if err == nil && got.GetDone() {
+				return got
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		return nil
+	}
+	for _, name := range c.names {
+		for attempt := 0; attempt < 5; attempt++ {
+			ctx, cancel := rpcCtx()
+			got, err := cl.GetCluster(ctx, &clv1.GetClusterRequest{Name: name})
+			cancel()
+			if err != nil {
+				t.Fatalf("GetCluster %s: %v", name, err)
+			}
+			if got.GetState() != clv1.Cluster_ALERT && !(got.GetState() == clv1.Cluster_RUNNING && nodeSkew(got) != "") {
+				break
+			}
+			ctx, cancel = rpcCtx()
+			var op *longrunningpb.Operation
+			if got.GetState() == clv1.Cluster_ALERT {
+				op, err = cl.StartCluster(ctx, &clv1.StartClusterRequest{Name: name})
+			} else {
+				op, err = cl.UpgradeCluster(ctx, &clv1.UpgradeClusterRequest{Name: name, KubernetesVersion: newestNode(got)})
+			}
+			cancel()
+			if err == nil {
+				if done := wait(op); done != nil && done.GetError() != nil {
+					c.notes = append(c.notes, fmt.Sprintf("heal of %s: %s failed: %s", name, op.GetName(), done.GetError().GetMessage()))
+				}
+			}
+			c.figures["heal operations"]++
+		}
+	}
+	c.settle()
+}
+
+func nodeSkew(cl *clv1.Cluster) string {
+	vs := map[string]bool{}
+	for _, n := range cl.GetNodes() {
+		if n.GetKubernetesVersion() != "" {
+			vs[n.GetKubernetesVersion()] = true
+		}
+	}
+	if len(vs) < 2 {
+		return ""
+	}
+	return fmt.Sprint(slices.Sorted(maps.Keys(vs)))
+}
+
+func newestNode(cl *clv1.Cluster) string {
+	newest := cl.GetKubernetesVersion()
+	for _, n := range cl.GetNodes() {
+		if v := n.GetKubernetesVersion(); v > newest {
+			newest = v
+		}
+	}
+	return newest
+}
+
+func (c *chaos) violate(format string, args ...any) {
+	c.violations = append(c.violations, fmt.Sprintf(format, args...))
+}
+
+// check is the invariant checker.
+func (c *chaos) check() {
+	ctx := context.Background()
+	jobs := map[string]repository.Job{}
+	after := ""
+	for {
+		page, err := c.repo.ListJobs(ctx, repository.JobQuery{After: after, Limit: 1000})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		for _, j := range page {
+			jobs[j.ID] = j
+		}
+		if len(page) < 1000 {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	// Every operation ended; every accepted one exists and ended.
+	for id, j := range jobs {
+		if !j.Status.Done() {
+			c.violate("job %s (%s of %s) is %s", id, j.Kind, j.ResourceID, j.Status)
+		}
+		switch {
+		case j.Status == repository.JobSucceeded:
+			c.figures["operations succeeded"]++
+		case strings.Contains(j.Error, "server restarted"):
+			c.figures["operations failed: server restarted (killed)"]++
+		case strings.Contains(j.Error, "owner server stopped"):
+			c.figures["operations failed: owner stopped (peer recovery)"]++
+		default:
+			c.figures["operations failed: other"]++
+			c.failures[firstLine(j.Error)]++
+		}
+		if j.Kind == "recover" {
+			c.figures["recovery jobs"]++
+		}
+	}
+	c.figures["operations (jobs, recoveries included)"] = len(jobs)
+	for op := range c.accepted {
+		if _, ok := jobs[strings.TrimPrefix(op, "operations/")]; !ok {
+			c.violate("accepted operation %s has no job", op)
+		}
+	}
+
+	calls, err := c.repo.SimCalls(ctx, "")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	callsOf := map[string][]repository.SimCall{}
+	for _, call := range calls {
+		callsOf[call.Fence.ClusterID] = append(callsOf[call.Fence.ClusterID], call)
+		if call.Refused {
+			c.figures["infrastructure calls refused (fenced)"]++
+		} else {
+			c.figures["infrastructure calls accepted"]++
+		}
+	}
+
+	for _, name := range c.names {
+		id := strings.TrimPrefix(name, "clusters/")
+		cl, err := c.repo.GetCluster(ctx, id)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if cl.CurrentOperation != "" || cl.State.IsOperation() {
+			c.violate("%s left %s held by %q", name, cl.State, cl.CurrentOperation)
+		}
+		evs, err := c.repo.ListEvents(ctx, id, 0, 1<<20)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		holderAt := c.replay(name, evs, jobs)
+		for _, call := range callsOf[id] {
+			if call.Refused {
+				continue
+			}
+			if h := holderAt(call.LastEventID); h != call.Fence.JobID {
+				c.violate("%s: %s by job %s accepted (call %d) while the history shows %q holding the cluster", name, call.Fence.Step, call.Fence.JobID, call.ID, h)
+			}
+		}
+		c.checkMachines(ctx, name, cl)
+	}
+}
+
+// replay checks one cluster's history for two holders and returns who held
+// the cluster after any history entry.
+func (c *chaos) replay(name string, evs []repository.Event, jobs map[string]repository.Job) func(eventID int64) string {
+	type mark struct {
+		id     int64
+		holder string
+	}
+	var marks []mark
+	holder := ""
+	takeover := func(e repository.Event) {
+		if holder == "" {
+			return
+		}
+		prev, ok := jobs[holder]
+		switch {
+		case !ok:
+			c.violate("%s: entry %d %s by %s took over from %s, which has no job row", name, e.ID, e.Name, e.Operation, holder)
+		case !prev.Status.Done():
+			c.violate("%s: entry %d %s by %s took over from %s, which is %s", name, e.ID, e.Name, e.Operation, holder, prev.Status)
+		case prev.EndTime != nil && prev.EndTime.After(e.Time):
+			c.violate("%s: entry %d %s by %s at %s took over from %s, which ended later, at %s", name, e.ID, e.Name, e.Operation, e.Time, holder, *prev.EndTime)
+		default:
+			c.figures["takeovers of ended jobs"]++
+		}
+	}
+	for _, e := range evs {
+		c.figures["history entries "+e.Name]++
+		switch {
+		case e.Name == repository.ClusterCreated:
+			holder = e.Operation
+		case e.Name == "START_REQUESTED" && e.From.String() == "CREATED" && holder == e.Operation:
+			// The create job's own first step.
+		case strings.HasSuffix(e.Name, "_REQUESTED"):
+			takeover(e)
+			holder = e.Operation
+		case e.Name == repository.RecoveryStarted:
+			takeover(e)
+			holder = e.Operation
+		case slices.Contains([]string{"OPERATION_SUCCEEDED", "OPERATION_FAILED", "CREATE_FAILED", repository.OperationEnded}, e.Name):
+			if holder != e.Operation {
+				c.violate("%s: entry %d %s by %s while %q held the cluster", name, e.ID, e.Name, e.Operation, holder)
+			}
+			holder = ""
+		case e.Name == "FAULTS_DETECTED":
+			if holder != "" {
+				c.violate("%s: entry %d FAULTS_DETECTED while %s held the cluster", name, e.ID, holder)
+			}
+		case e.Name == repository.Repair:
+			if holder != e.Operation {
+				c.violate("%s: entry %d REPAIR by %s while %q held the cluster", name, e.ID, e.Operation, holder)
+			}
+		default:
+			c.violate("%s: unexpected history entry %d %s", name, e.ID, e.Name)
+		}
+		marks = append(marks, mark{e.ID, holder})
+	}
+	return func(id int64) string {
+		i := sort.Search(len(marks), func(i int) bool { return marks[i].id > id })
+		if i == 0 {
+			return ""
+		}
+		return marks[i-1].holder
+	}
+}
+
+// checkMachines: a cluster at rest has the machines its state and spec say.
+func (c *chaos) checkMachines(ctx context.Context, name string, cl repository.Cluster) {
+	ms, err := c.repo.ListMachines(ctx, cl.ID)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	rules, err := c.repo.ListNetworkRules(ctx, cl.ID)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	count := map[string]int32{}
+	want := map[string]bool{}
+	for _, m := range ms {
+		count[m.Role]++
+		want[m.ID+" ssh:22"] = true
+		if m.Role == "CONTROL" {
+			want[m.ID+" api:6443"] = true
+		}
+	}
+	got := map[string]bool{}
+	for _, r := range rules {
+		got[fmt.Sprintf("%s %s:%d", r.MachineID, r.Kind, r.Port)] = true
+	}
+	power := map[string]string{"RUNNING": "RUNNING", "STOPPED": "STOPPED"}[cl.State.String()]
+	if power == "" {
+		c.violate("%s is %s at rest after healing; want RUNNING or STOPPED", name, cl.State)
+		return
+	}
+	if count["CONTROL"] != cl.Spec.ControlNodeCount || count["WORKER"] != cl.Spec.WorkerNodeCount || len(ms) != int(cl.Spec.ControlNodeCount+cl.Spec.WorkerNodeCount) {
+		c.violate("%s (%s): %d control and %d worker machines (%d in all); spec %d and %d", name, cl.State, count["CONTROL"], count["WORKER"], len(ms), cl.Spec.ControlNodeCount, cl.Spec.WorkerNodeCount)
+	}
+	for _, m := range ms {
+		if m.Power != power || !m.Joined || m.Cordoned || m.AttachedISO != "" || m.KubernetesVersion != cl.Spec.KubernetesVersion {
+			c.violate("%s (%s at %s): machine %s power %s joined %t cordoned %t iso %q version %s", name, cl.State, cl.Spec.KubernetesVersion, m.ID, m.Power, m.Joined, m.Cordoned, m.AttachedISO, m.KubernetesVersion)
+		}
+	}
+	if !mapsEqual(got, want) {
+		c.violate("%s: network rules %v; want %v", name, keys(got), keys(want))
+	}
+}
+
+func mapsEqual(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// report prints the figures and fails the test on any violation.
+func (c *chaos) report() {
+	t := c.t
+	byVerb := map[string]int{}
+	for _, v := range c.accepted {
+		byVerb[v]++
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nchaos soak: %s, %d processes on one MariaDB, %d clients, %d clusters\n", c.cfg.duration, c.cfg.servers, c.cfg.clients, c.cfg.clusters)
+	fmt.Fprintf(&b, "  operations accepted: %d %v; refused: %v; sent again after UNAVAILABLE: %d\n", len(c.accepted), byVerb, c.refused, c.retries.Load())
+	fmt.Fprintf(&b, "  chaos: %d SIGKILL+restart, %d SIGSTOP (> peer timeout %s), %d MariaDB restart (down %v)\n", c.kills, c.stops, c.cfg.peerTimeout, c.dbRestarts, roundAll(c.dbDown))
+	var names []string
+	for k := range c.figures {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		fmt.Fprintf(&b, "  %s: %d\n", k, c.figures[k])
+	}
+	var ds []time.Duration
+	for _, r := range c.recoveries {
+		fmt.Fprintf(&b, "  recovered after %s: %d jobs' clusters released in %s\n", r.what, r.jobs, r.took.Round(time.Millisecond))
+		ds = append(ds, r.took)
+	}
+	if len(ds) > 0 {
+		slices.Sort(ds)
+		fmt.Fprintf(&b, "  time to recover: median %s, max %s over %d events\n", ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), len(ds))
+	}
+	for msg, n := range c.failures {
+		fmt.Fprintf(&b, "  failed %dx: %s\n", n, msg)
+	}
+	for _, n := range c.notes {
+		fmt.Fprintf(&b, "  note: %s\n", n)
+	}
+	for _, u := range c.unexpected {
+		fmt.Fprintf(&b, "  unexpected refusal: %s\n", u)
+	}
+	fmt.Fprintf(&b, "  violations: %d\n", len(c.violations))
+	t.Log(b.String())
+	for _, v := range c.violations {
+		t.Error("violation: " + v)
+	}
+	if len(c.unexpected) > 0 {
+		t.Errorf("%d refusals with a code other than ABORTED, FAILED_PRECONDITION or UNAVAILABLE", len(c.unexpected))
+	}
+	if c.kills == 0 || c.stops == 0 || c.dbRestarts == 0 || len(c.accepted) < c.cfg.clusters*2 {
+		t.Errorf("the soak did not exercise enough: %d kills, %d stops, %d database restarts, %d operations", c.kills, c.stops, c.dbRestarts, len(c.accepted))
+	}
+}
+
+func roundAll(ds []time.Duration) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond).String()
+	}
+	return out
+}
+
+// firstLine is a job's stored error message, shortened for the report.
+func firstLine(jobErr string) string {
+	msg := jobErr
+	if i := strings.Index(msg, `"message":`); i >= 0 {
+		msg = msg[i+len(`"message":`):]
+	}
+	if len(msg) > 160 {
+		msg = msg[:160] + "..."
+	}
+	return msg
+}

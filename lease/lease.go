@@ -1,0 +1,299 @@
+// Package lease is a server process's right to act for its server id: a
+// registration in the servers table with a fresh incarnation, kept alive by
+// a heartbeat. It is built first, before anything that acts, and handed to
+// the job runner (which checks it before every step), the handlers (before
+// every claim), the scanner (before every pass) and health (NOT_SERVING
+// without it).
+//
+// A lease is held while the last heartbeat the database accepted is younger
+// than the peer timeout: past that, peers count the server dead, fail its
+// jobs and recover its clusters, so it must stop acting (its infrastructure
+// calls are fenced anyway, SPEC §6). A lease is lost for good when another
+// process takes the server id (superseded) or the server stops.
+//
+// # Identity
+//
+// Acquire refuses to start a second live process under one server id. A
+// predecessor's row is taken over at once when its heartbeat is older than
+// the peer timeout, when it stopped gracefully, or when it ran on this host
+// and its process is gone (a crash restart). Otherwise its heartbeat is
+// watched for two heartbeat intervals: if it advances, the id is in use and
+// Acquire fails with an *InUseError; if it does not, the predecessor is
+// taken for dead (or paused: when it wakes, its heartbeat finds the id taken,
+// and its calls are fenced). The take-over is a compare-and-set on the row as
+// seen, so of two processes starting together only one wins.
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/clusterd/clusterd/repository"
+)
+
+// Store is the part of the repository the lease needs: the servers table.
+type Store interface {
+	GetServer(ctx context.Context, id string) (repository.Server, error)
+	TakeOverServer(ctx context.Context, id string, seen *repository.Server, host string, pid int) (repository.Server, error)
+	Heartbeat(ctx context.Context, srv repository.Server) (repository.Server, error)
+	ReleaseServer(ctx context.Context, srv repository.Server) error
+}
+
+// Config is what a Lease needs. Zero durations take the defaults.
+type Config struct {
+	Store Store
+	// ServerID is the id this process acts for among its peers.
+	ServerID string
+	// HeartbeatInterval (default 1s) and PeerTimeout (default 6s) are the
+	// cluster's liveness settings; every peer must use the same.
+	HeartbeatInterval time.Duration
+	PeerTimeout       time.Duration
+	// Host and PID identify this process (default: os.Hostname, os.Getpid).
+	Host string
+	PID  int
+	// Clock is time.Now unless a test says otherwise.
+	Clock  func() time.Time
+	Logger *slog.Logger
+}
+
+// InUseError refuses to start a process under a server id that a live
+// process holds: its heartbeat advanced while Acquire watched it.
+type InUseError struct {
+	ServerID    string
+	Incarnation string
+	Host        string
+	PID         int64
+	// Age is how old its heartbeat was when last seen.
+	Age time.Duration
+}
+
+// Error says who holds the id and what to do.
+func (e *InUseError) Error() string {
+	who := "another process"
+	if e.Host != "" {
+		who = fmt.Sprintf("process %d on host %s", e.PID, e.Host)
+	}
+	return fmt.Sprintf("server id %q is in use by a live clusterd (%s, incarnation %s, heartbeat %s ago and advancing); stop it, or give this process another --server-id",
+		e.ServerID, who, e.Incarnation, e.Age.Round(time.Millisecond))
+}
+
+// Lease is one process's hold on its server id. It is safe for concurrent use.
+type Lease struct {
+	cfg Config
+	log *slog.Logger
+	now func() time.Time
+
+	self atomic.Pointer[repository.Server]
+	// lastBeat is when the last heartbeat the database accepted was sent
+	// (unix nanos, by this lease's clock, read before sending: the lease
+	// lapses no later than peers, who go by the time written, see it lapse).
+	lastBeat atomic.Int64
+	// lost is why the lease is gone for good (superseded, stopped); nil while not.
+	lost atomic.Pointer[error]
+}
+
+// New returns a lease for cfg.ServerID; Acquire takes it.
+func New(cfg Config) *Lease {
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = time.Second
+	}
+	if cfg.PeerTimeout <= 0 {
+		cfg.PeerTimeout = 6 * time.Second
+	}
+	if cfg.Host == "" {
+		cfg.Host, _ = os.Hostname()
+	}
+	if cfg.PID == 0 {
+		cfg.PID = os.Getpid()
+	}
+	l := &Lease{cfg: cfg, log: cfg.Logger, now: cfg.Clock}
+	if l.log == nil {
+		l.log = slog.Default()
+	}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	notYet := errors.New("lease not acquired yet")
+	l.lost.Store(&notYet)
+	return l
+}
+
+// ErrLost wraps every reason Check gives: this server may not act.
+var ErrLost = errors.New("server lease not held")
+
+// probeWindow is how long Acquire watches a predecessor's heartbeat: two
+// heartbeat intervals and a margin, so a live one beats at least once.
+func (l *Lease) probeWindow() time.Duration {
+	return 2*l.cfg.HeartbeatInterval + 500*time.Millisecond
+}
+
+// Acquire registers this process under its server id, unless a live process
+// holds it (*InUseError). It must be called once, before Run.
+func (l *Lease) Acquire(ctx context.Context) (repository.Server, error) {
+	id := l.cfg.ServerID
+	if id == "" {
+		return repository.Server{}, errors.New("acquire lease: no server id")
+	}
+	for attempt := 1; ; attempt++ {
+		seen, err := l.cfg.Store.GetServer(ctx, id)
+		var prev *repository.Server
+		switch {
+		case errors.Is(err, repository.ErrNotFound):
+		case err != nil:
+			return repository.Server{}, fmt.Errorf("acquire lease for server %s: %w", id, err)
+		default:
+			prev = &seen
+			why, err := l.dead(ctx, seen)
+			if err != nil {
+				return repository.Server{}, err
+			}
+			l.log.Warn("taking over the server id from an earlier process", "server_id", id,
+				"incarnation", seen.Incarnation, "host", seen.Host, "pid", seen.PID, "because", why)
+		}
+		sent := l.now()
+		srv, err := l.cfg.Store.TakeOverServer(ctx, id, prev, l.cfg.Host, l.cfg.PID)
+		if errors.Is(err, repository.ErrConflict) && attempt < 3 {
+			// Someone registered or heartbeat in between: look again.
+			continue
+		}
+		if err != nil {
+			return repository.Server{}, fmt.Errorf("acquire lease for server %s: %w", id, err)
+		}
+		l.self.Store(&srv)
+		l.lastBeat.Store(sent.UnixNano())
+		l.lost.Store(nil)
+		return srv, nil
+	}
+}
+
+// dead says why the process behind row seen no longer holds its server id,
+// or returns an *InUseError if it still does.
+func (l *Lease) dead(ctx context.Context, seen repository.Server) (string, error) {
+	age := l.now().Sub(seen.HeartbeatTime)
+	switch {
+	case !seen.HeartbeatTime.After(repository.Stopped):
+		return "it stopped gracefully", nil
+	case age >= l.cfg.PeerTimeout:
+		return fmt.Sprintf("its last heartbeat is %s old (peer timeout %s)", age.Round(time.Millisecond), l.cfg.PeerTimeout), nil
+	case seen.Host == l.cfg.Host && seen.PID > 0 && int(seen.PID) != l.cfg.PID && !processAlive(int(seen.PID)):
+		return fmt.Sprintf("its process %d on this host is gone", seen.PID), nil
+	}
+	window := l.probeWindow()
+	l.log.Info("server id registered by a process that may be alive; watching its heartbeat", "server_id", seen.ID,
+		"incarnation", seen.Incarnation, "host", seen.Host, "pid", seen.PID, "heartbeat_age", age.Round(time.Millisecond), "watch", window)
+	deadline := time.NewTimer(window)
+	defer deadline.Stop()
+	tick := time.NewTicker(max(20*time.Millisecond, l.cfg.HeartbeatInterval/10))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("acquire lease for server %s: %w", seen.ID, ctx.Err())
+		case <-deadline.C:
+			return fmt.Sprintf("its heartbeat did not advance for %s", window), nil
+		case <-tick.C:
+		}
+		now, err := l.cfg.Store.GetServer(ctx, seen.ID)
+		if errors.Is(err, repository.ErrNotFound) {
+			return "its row was deleted", nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("acquire lease for server %s: %w", seen.ID, err)
+		}
+		if now.Incarnation != seen.Incarnation || !now.HeartbeatTime.Equal(seen.HeartbeatTime) {
+			return "", &InUseError{ServerID: now.ID, Incarnation: now.Incarnation, Host: now.Host, PID: now.PID, Age: l.now().Sub(now.HeartbeatTime)}
+		}
+	}
+}
+
+// Self is this process's registration (its id and incarnation).
+func (l *Lease) Self() repository.Server {
+	if s := l.self.Load(); s != nil {
+		return *s
+	}
+	return repository.Server{ID: l.cfg.ServerID}
+}
+
+// Check returns nil while this server may act, and otherwise an error
+// wrapping ErrLost that says why: its last accepted heartbeat is a peer
+// timeout old (peers may be failing its jobs), another process took its id,
+// or it stopped.
+func (l *Lease) Check() error {
+	if lost := l.lost.Load(); lost != nil {
+		return fmt.Errorf("%w: %w", ErrLost, *lost)
+	}
+	last := time.Unix(0, l.lastBeat.Load())
+	if age := l.now().Sub(last); age >= l.cfg.PeerTimeout {
+		return fmt.Errorf("%w: the last heartbeat of server %s the database accepted is %s old (peer timeout %s)",
+			ErrLost, l.cfg.ServerID, age.Round(time.Millisecond), l.cfg.PeerTimeout)
+	}
+	return nil
+}
+
+// Run heartbeats at once and then every heartbeat interval until ctx is
+// done or the lease is lost for good.
+func (l *Lease) Run(ctx context.Context) {
+	t := time.NewTicker(l.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		if l.lost.Load() != nil {
+			return
+		}
+		l.beat(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (l *Lease) beat(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.HeartbeatInterval)
+	defer cancel()
+	self := l.Self()
+	sent := l.now()
+	_, err := l.cfg.Store.Heartbeat(ctx, self)
+	switch {
+	case err == nil:
+		before := l.Check()
+		l.lastBeat.Store(sent.UnixNano())
+		if before != nil {
+			l.log.Info("heartbeat accepted again: lease held", "server_id", self.ID)
+		}
+	case errors.Is(err, repository.ErrConflict):
+		lost := fmt.Errorf("another process took server id %s (this is incarnation %s)", self.ID, self.Incarnation)
+		l.lost.Store(&lost)
+		l.log.Error("another process registered this server id: this one takes no more work and reports NOT_SERVING",
+			"server_id", self.ID, "incarnation", self.Incarnation, "error", err)
+	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+	default:
+		l.log.Warn("heartbeat failed", "server_id", self.ID, "error", err, "lease", describe(l.Check()))
+	}
+}
+
+// Release gives the server id up at the end of a graceful stop: the lease is
+// lost for good, and the row says the server stopped, so peers fail at once
+// whatever jobs it could not end and a restart need not wait. Call it after
+// Run has returned and every job has ended.
+func (l *Lease) Release(ctx context.Context) error {
+	stopped := errors.New("the server stopped")
+	l.lost.Store(&stopped)
+	self := l.self.Load()
+	if self == nil {
+		return nil
+	}
+	return l.cfg.Store.ReleaseServer(ctx, *self)
+}
+
+func describe(err error) string {
+	if err == nil {
+		return "held"
+	}
+	return err.Error()
+}
