@@ -39,7 +39,11 @@ func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orph
 			// in-place start died, is only released).
 			o.endEvent, o.failEvent = ev, ev
 			ch, err := o.repair(ctx, orphanKind)
-			o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(c.CurrentOperation), reason) + o.skewNote(ctx)
+			if err != nil {
+				return ch, err
+			}
+			note, err := o.skewNote(ctx)
+			o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(c.CurrentOperation), reason) + note
 			return ch, err
 		})
 	return err
@@ -263,14 +267,15 @@ func sameRules(a, b []infra.Rule) bool {
 // skewNote is what a failed or recovered operation adds to its history entry
 // when it leaves the cluster's nodes on different Kubernetes versions (an
 // upgrade that did not finish), so the ALERT it ends in says why; empty
-// otherwise, or when the machines cannot be read.
-func (o *op) skewNote(ctx context.Context) string {
+// otherwise. A machine list that cannot be read is an error: the end is
+// written again once it can (a note silently left out would hide the skew).
+func (o *op) skewNote(ctx context.Context) (string, error) {
 	machines, err := o.s.infra.Machines(ctx, o.job.ResourceID)
 	if err != nil {
-		return ""
+		return "", fmt.Errorf("read the machines for the end of %s: %w", o.job.ID, err)
 	}
 	if skew := infra.VersionSkew(machines); skew != "" {
-		return fmt.Sprintf("; nodes run different Kubernetes versions (%s): run the upgrade again", skew)
+		return fmt.Sprintf("; nodes run different Kubernetes versions (%s): run the upgrade again", skew), nil
 	}
-	return ""
+	return "", nil
 }

@@ -76,7 +76,11 @@ func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc
 		},
 		Release: func(ctx context.Context, cause error) (*repository.Transition, error) {
 			changes := o.repairAfterFailure(ctx)
-			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error()+o.skewNote(ctx))
+			note, err := o.skewNote(ctx)
+			if err != nil {
+				return nil, err
+			}
+			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error()+note)
 			return t, err
 		},
 	}
