@@ -80,6 +80,8 @@ type Config struct {
 	// Reload, when it delivers, makes the server read the token file and
 	// the TLS key pair again (main sends SIGHUP here); connections stay up.
 	Reload <-chan os.Signal
+	// DebugAddr, when set, serves net/http/pprof there (see listenDebug).
+	DebugAddr string
 }
 
 // Server is a running clusterd process; tests use it to learn bound addresses.
@@ -102,6 +104,8 @@ type Server struct {
 	httpLis net.Listener
 	// gatewayLis is the in-process listener the REST gateway calls through.
 	gatewayLis gatewayListener
+	metrics    *metrics
+	debugLis   net.Listener
 }
 
 // Run starts clusterd and blocks until ctx is cancelled (SIGTERM in main),
@@ -122,7 +126,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, codec: newRequestCodec(), gatewayLis: newGatewayListener()}
+	s := &Server{cfg: cfg, log: requestLogger(cfg.Logger), codec: newRequestCodec(), gatewayLis: newGatewayListener(), metrics: newMetrics()}
 	var err error
 	if s.certs, err = newCertificates(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA); err != nil {
 		return nil, err
@@ -160,15 +164,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// the handlers stop taking steps and claims without it.
 	lease := func() error { return s.scanner.Lease() }
 	ops := service.NewOperations(s.store)
-	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: ops.Notify, Lease: lease})
+	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.metrics.jobDone(ops.Notify), Lease: lease})
 	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
 	clusters := service.NewClusters(service.ClustersConfig{
-		Store: s.store, Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
+		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
 		Lease: lease,
 	})
 	s.scanner = scanner.New(scanner.Config{
-		Store: s.store, Recoverer: clusters, Infra: s.sim, Self: s.self, Running: s.runner.Running,
+		Store: s.store, Recoverer: s.metrics.recoverer(clusters), Infra: s.sim, Self: s.self, Running: s.runner.Running,
 		HeartbeatInterval: cfg.HeartbeatInterval, PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})
@@ -183,8 +187,16 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
+	s.metrics.grpc.InitializeMetrics(s.grpc)
+	s.metrics.watch(s.store, s.scanner, s.log)
 
 	if err := s.gateway(ctx); err != nil {
+		_ = s.grpcLis.Close()
+		_ = s.httpLis.Close()
+		cleanup()
+		return nil, err
+	}
+	if err := s.listenDebug(); err != nil {
 		_ = s.grpcLis.Close()
 		_ = s.httpLis.Close()
 		cleanup()
@@ -250,7 +262,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
-	wg.Add(6)
+	wg.Add(7)
 	go func() {
 		defer wg.Done()
 		s.scanner.Run(ctx)
@@ -291,6 +303,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		s.watchHealth(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		s.serveDebug(ctx)
 	}()
 
 	var serveErr error
