@@ -86,14 +86,15 @@ function stateBadge(state) {
   return el('span', { class: 'state ' + state }, state);
 }
 
-// progress shows an operation's verb, step and steps done of total.
-function progress(op) {
+// progress shows an operation's verb (unless withVerb is false), step and
+// steps done of total.
+function progress(op, withVerb = true) {
   const md = (op && op.metadata) || {};
   const done = md.stepsDone || 0;
   const total = md.stepsTotal || 0;
   const pct = total > 0 ? Math.min(100, Math.round((100 * done) / total)) : 0;
   return el('div', { class: 'op', 'data-operation': op.name },
-    el('span', { class: 'verb' }, md.verb || 'operation'),
+    withVerb ? el('span', { class: 'verb' }, md.verb || 'operation') : null,
     el('div', { class: 'bar', role: 'progressbar', 'aria-valuemin': 0, 'aria-valuemax': total, 'aria-valuenow': done, title: pct + '%' },
       el('span', { style: 'width:' + pct + '%' })),
     el('span', { class: 'step' }, (md.step || 'starting') + ' · ' + done + '/' + total + ' steps'),
@@ -198,7 +199,7 @@ function timeline(list) {
         el('span', { class: 'holder' }, s.operation ? 'held by ' : 'by the scanner', s.operation ? el('span', { class: 'mono' }, s.operation) : null,
           s.servers.length ? ' on server ' + s.servers.join(', ') : ''),
         el('span', { class: 'muted' }, clock(s.start) + ' → ' + (s.running ? 'now' : clock(s.end)) + ' (' + duration(end - Date.parse(s.start)) + ')')),
-      s.running && s.op ? progress(s.op) : null,
+      s.running && s.op ? progress(s.op, false) : null,
       s.op && s.op.error ? el('div', { class: 'muted' }, 'error: ' + s.op.error.message) : null,
       el('ul', { class: 'events' }, s.events.map((e) => el('li', { class: e.event === 'REPAIR' ? 'repair' : '' },
         el('span', { class: 'mono' }, clock(e.time)), ' ',
@@ -218,7 +219,7 @@ async function clusterView(id) {
   const opsByName = Object.fromEntries(ops.map((op) => [op.name, op]));
   const list = spans(events, opsByName, c.currentOperation);
   const current = c.currentOperation ? opsByName[c.currentOperation] : null;
-  const card = (k, ...v) => el('div', { class: 'card' }, el('div', { class: 'k' }, k), el('div', {}, ...v));
+  const card = (k, ...v) => el('div', { class: 'card' }, el('div', { class: 'k' }, k), el('div', { class: 'v' }, ...v));
   return [
     el('p', {}, el('a', { href: '#/' }, '← all clusters')),
     el('h1', { id: 'cluster' }, c.displayName, ' ', stateBadge(c.state)),
@@ -228,7 +229,8 @@ async function clusterView(id) {
       card('Kubernetes', c.kubernetesVersion),
       card('Size', (c.controlNodeCount || 0) + ' control + ' + (c.workerNodeCount || 0) + ' workers, ' + c.serviceOffering),
       card('Endpoint', c.endpoint || '—'),
-      card('Current operation', current ? progress(current) : (c.currentOperation || 'none'))),
+      el('div', { class: 'card wide' }, el('div', { class: 'k' }, 'Current operation'),
+        el('div', { class: 'v' }, current ? progress(current) : (c.currentOperation || 'none')))),
     el('h2', {}, 'Nodes'),
     (c.nodes || []).length === 0 ? el('p', { class: 'muted' }, 'No nodes.') :
       el('table', { id: 'nodes' },
