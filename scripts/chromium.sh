@@ -14,4 +14,4 @@ if ! command -v chromium >/dev/null; then
 	DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
 		--no-install-recommends chromium fonts-dejavu-core >/dev/null
 fi
-chromium --version
+chromium --version 2>/dev/null  # its wrapper script complains about large memory sizes on stderr

@@ -145,13 +145,13 @@ func (m *metrics) jobDone(next func(repository.Job)) func(repository.Job) {
 }
 
 // mutations are the ClusterLifecycle methods that claim a cluster.
-var mutations = map[string]bool{}
-
-func init() {
+var mutations = func() map[string]bool {
+	out := map[string]bool{}
 	for _, m := range []string{"CreateCluster", "StartCluster", "StopCluster", "ScaleCluster", "UpgradeCluster", "AddNodes", "RemoveNodes", "DeleteCluster"} {
-		mutations["/"+clv1.ClusterLifecycle_ServiceDesc.ServiceName+"/"+m] = true
+		out["/"+clv1.ClusterLifecycle_ServiceDesc.ServiceName+"/"+m] = true
 	}
-}
+	return out
+}()
 
 // refusals counts the mutations refused at their claim. It sits outside the
 // error mapping, so it reads the status the client receives.
@@ -291,33 +291,25 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 // scannerCollector exports the scanner's own counters (scanner.Metrics).
 type scannerCollector struct{ sc *scanner.Scanner }
 
-var (
-	scanPassDesc = prometheus.NewDesc("clusterd_scan_pass_duration_seconds",
-		"How long the scanner's passes (liveness, orphan recovery, and when due reconciliation and GC) took.", nil, nil)
-	scannerCounterDescs = map[string]*prometheus.Desc{}
-	scanLastPassDesc    = prometheus.NewDesc("clusterd_scanner_last_pass_seconds", "How long the scanner's last pass took.", nil, nil)
-)
-
 func scannerCounter(name, help string) *prometheus.Desc {
-	d := prometheus.NewDesc("clusterd_scanner_"+name+"_total", help, nil, nil)
-	scannerCounterDescs[name] = d
-	return d
+	return prometheus.NewDesc("clusterd_scanner_"+name+"_total", help, nil, nil)
 }
 
 var (
-	scanPasses     = scannerCounter("passes", "Scanner passes run (not those skipped without a lease).")
-	scanJobsFailed = scannerCounter("jobs_failed", "Jobs of dead servers, earlier incarnations or lost by this one that the scanner failed.")
-	scanRecovered  = scannerCounter("recovered", "Recovery and reconciliation actions whose compare-and-set won.")
-	scanLostRaces  = scannerCounter("lost_races", "Scanner actions another server or a user won first (normal).")
-	scanPurged     = scannerCounter("purged", "Finished jobs deleted after the retention period.")
-	scanErrors     = scannerCounter("errors", "Errors scanner passes met (they go on past them).")
+	scanPassDesc = prometheus.NewDesc("clusterd_scan_pass_duration_seconds",
+		"How long the scanner's passes (liveness, orphan recovery, and when due reconciliation and GC) took.", nil, nil)
+	scanLastPassDesc = prometheus.NewDesc("clusterd_scanner_last_pass_seconds", "How long the scanner's last pass took.", nil, nil)
+	scanPasses       = scannerCounter("passes", "Scanner passes run (not those skipped without a lease).")
+	scanJobsFailed   = scannerCounter("jobs_failed", "Jobs of dead servers, earlier incarnations or lost by this one that the scanner failed.")
+	scanRecovered    = scannerCounter("recovered", "Recovery and reconciliation actions whose compare-and-set won.")
+	scanLostRaces    = scannerCounter("lost_races", "Scanner actions another server or a user won first (normal).")
+	scanPurged       = scannerCounter("purged", "Finished jobs deleted after the retention period.")
+	scanErrors       = scannerCounter("errors", "Errors scanner passes met (they go on past them).")
 )
 
 // Describe lists the scanner's metrics.
 func (c scannerCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- scanPassDesc
-	ch <- scanLastPassDesc
-	for _, d := range scannerCounterDescs {
+	for _, d := range []*prometheus.Desc{scanPassDesc, scanLastPassDesc, scanPasses, scanJobsFailed, scanRecovered, scanLostRaces, scanPurged, scanErrors} {
 		ch <- d
 	}
 }

@@ -24,8 +24,11 @@ const defaultTimeout = 30 * time.Second
 // durationFlag is --timeout: a positive duration.
 type durationFlag struct{ d time.Duration }
 
+// String shows the default in --help.
 func (f *durationFlag) String() string { return f.d.String() }
-func (f *durationFlag) Type() string   { return "duration" }
+
+// Type names the value in --help.
+func (f *durationFlag) Type() string { return "duration" }
 
 // Set parses a Go duration ("30s", "2m").
 func (f *durationFlag) Set(s string) error {

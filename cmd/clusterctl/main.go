@@ -148,6 +148,7 @@ func (a *app) applyEnvironment(sets ...*pflag.FlagSet) error {
 // usageError is a mistake on the command line (exit 2, with a hint).
 type usageError struct{ error }
 
+// Unwrap gives errors.Is the mistake itself.
 func (u usageError) Unwrap() error { return u.error }
 
 // args wraps a positional-argument check so that its error is a usage error.

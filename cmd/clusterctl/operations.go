@@ -22,7 +22,10 @@ type stoppedWaiting struct {
 	err  error
 }
 
+// Error names the operation that goes on.
 func (s *stoppedWaiting) Error() string { return "wait for " + s.name + ": " + s.err.Error() }
+
+// Unwrap gives the context's error (cancelled by Ctrl-C).
 func (s *stoppedWaiting) Unwrap() error { return s.err }
 
 // follow waits for op to end, drawing its progress on stderr, and prints
