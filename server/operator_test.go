@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -67,21 +68,29 @@ func series(t *testing.T, body string) map[string]float64 {
 	return out
 }
 
-// waitMetric polls /metrics (bounded) until the series reaches at least
-// want: counters of background work (recoveries) move when it happens.
-func (h *harness) waitMetric(t *testing.T, name string, want float64) map[string]float64 {
+// waitMetrics polls /metrics (bounded) until every series reaches at least
+// its value: a job's counters move just after its end is written (the
+// runner's OnDone), which a client may see first, and recoveries happen in
+// the background.
+func (h *harness) waitMetrics(t *testing.T, atLeast map[string]float64) map[string]float64 {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, body, _ := h.scrape(t, "")
 		m := series(t, body)
-		if m[name] >= want || time.Now().After(deadline) {
+		var missing []string
+		for name, want := range atLeast {
 			if m[name] < want {
-				t.Fatalf("%s = %v after 30s; want at least %v", name, m[name], want)
+				missing = append(missing, fmt.Sprintf("%s = %v, want at least %v", name, m[name], want))
 			}
+		}
+		if len(missing) == 0 {
 			return m
 		}
-		time.Sleep(20 * time.Millisecond) // sampling a counter, not synchronising
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s: %s", strings.Join(missing, "; "))
+		}
+		time.Sleep(20 * time.Millisecond) // sampling counters, not synchronising
 	}
 }
 
@@ -114,7 +123,12 @@ func TestMetrics(t *testing.T) {
 			t.Fatal("the scale with a failing join_node succeeded")
 		}
 		h.waitState(t, c.GetName(), clv1.Cluster_RUNNING)
-		m := h.waitMetric(t, `clusterd_recoveries_total{kind="recover_alert"}`, 1)
+		m := h.waitMetrics(t, map[string]float64{
+			`clusterd_recoveries_total{kind="recover_alert"}`:              1,
+			`clusterd_operations_total{result="succeeded",verb="recover"}`: 1,
+			`clusterd_operations_total{result="failed",verb="scale"}`:      1,
+			`clusterd_operations_total{result="succeeded",verb="create"}`:  1,
+		})
 
 		for name, want := range map[string]float64{
 			`clusterd_operations_total{result="succeeded",verb="create"}`:      1,
