@@ -12,7 +12,14 @@ GRPCURL_VERSION        := v1.9.4
 
 GO_PACKAGES := ./...
 
-.PHONY: all tools generate check-generated lint build run test fuzz chaos mariadb bench clean clients
+# The version and commit that `clusterd --version` and `clusterctl --version`
+# print (package version; without them the binaries fall back to Go's build
+# information).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/clusterd/clusterd/version.version=$(VERSION) -X github.com/clusterd/clusterd/version.commit=$(COMMIT)
+
+.PHONY: all tools generate check-generated lint build run test fuzz chaos mariadb chromium bench clean clients
 
 all: lint build test
 
@@ -57,9 +64,10 @@ lint: tools
 	  if [ -n "$$bad" ]; then echo "gofmt needed:" $$bad >&2; exit 1; fi
 	go vet $(GO_PACKAGES)
 
-## build: build bin/clusterd.
+## build: build bin/clusterd and bin/clusterctl.
 build:
-	go build -o bin/clusterd ./cmd/clusterd
+	go build -ldflags "$(LDFLAGS)" -o bin/clusterd ./cmd/clusterd
+	go build -ldflags "$(LDFLAGS)" -o bin/clusterctl ./cmd/clusterctl
 
 ## run: serve on the embedded SQLite database (clusterd.db in this folder).
 run: build
@@ -69,10 +77,15 @@ run: build
 mariadb:
 	@bash scripts/mariadb-setup.sh || echo "make test: MariaDB set-up failed; the MySQL half of the tests will be skipped (or fail under CI)" >&2
 
-## test: every test with the race detector, on SQLite and on MariaDB, then
-## a short run of every fuzz target, then the example clients against
-## bin/clusterd.
-test: mariadb
+## chromium: install Debian's chromium if missing (the web view's browser test).
+chromium:
+	@bash scripts/chromium.sh || echo "make test: chromium could not be installed; the web view's browser test will be skipped (or fail under CI)" >&2
+
+## test: every test with the race detector, on SQLite and on MariaDB (the
+## web view in headless Chromium, clusterctl in a pseudo-terminal among
+## them), then a short run of every fuzz target, then the example clients
+## against bin/clusterd.
+test: mariadb chromium
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/test.sh $(GO_PACKAGES)
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
@@ -105,4 +118,4 @@ bench: mariadb
 	  go test -run '^$$' -bench . -benchtime 2s $(GO_PACKAGES)
 
 clean:
-	rm -rf bin clusterd.db clusterd.db-wal clusterd.db-shm clients/*/gen clients/java/build clients/typescript/dist
+	rm -rf bin clusterd.db clusterd.db-wal clusterd.db-shm clients/*/gen clients/java/build clients/typescript/dist test-artifacts

@@ -44,7 +44,7 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binary = filepath.Join(dir, "clusterd")
-	build := exec.Command(goTool(), "build", "-o", binary, "github.com/clusterd/clusterd/cmd/clusterd")
+	build := exec.Command(goTool(), "build", "-ldflags", stampFlags, "-o", binary, "github.com/clusterd/clusterd/cmd/clusterd")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: go build ./cmd/clusterd:", err)

@@ -58,6 +58,7 @@ func (s *Server) gateway(ctx context.Context) error {
 	mux = runtime.NewServeMux(
 		runtime.WithHealthzEndpoint(healthpb.NewHealthClient(conn)),
 		runtime.WithIncomingHeaderMatcher(forwardedHeader),
+		runtime.WithOutgoingHeaderMatcher(answeredHeader),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &strictJSON{JSONPb: &runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{EmitUnpopulated: true},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
@@ -94,7 +95,10 @@ func (s *Server) gateway(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("gateway /openapi.json: %w", err)
 	}
-	s.http = &http.Server{Handler: guard(mux), ReadHeaderTimeout: 10 * time.Second, TLSConfig: s.tlsConfig()}
+	if err := s.operatorRoutes(mux); err != nil {
+		return err
+	}
+	s.http = &http.Server{Handler: requestIDs(guard(mux)), ReadHeaderTimeout: 10 * time.Second, TLSConfig: s.tlsConfig()}
 	return nil
 }
 
@@ -107,8 +111,20 @@ func forwardedHeader(key string) (string, bool) {
 		return auth.AccountHeader, true
 	case verifiedClientHeader:
 		return verifiedClientHeader, true
+	case RequestIDHeader:
+		return RequestIDHeader, true
 	}
 	return "", false
+}
+
+// answeredHeader passes the gRPC server's response headers on as the
+// gateway does by default (Grpc-Metadata-<key>), except the request id,
+// which requestIDs already answers as X-Request-Id.
+func answeredHeader(key string) (string, bool) {
+	if strings.EqualFold(key, RequestIDHeader) {
+		return "", false
+	}
+	return runtime.MetadataHeaderPrefix + key, true
 }
 
 // guard checks what the gateway would otherwise pass on blindly: valid

@@ -16,14 +16,16 @@ import (
 )
 
 // interceptors returns the one chain every RPC goes through, gRPC and REST
-// alike (the gateway is a client of this server): logging outermost so it
-// sees the final status, then error mapping, then authentication (and the
-// refusal of undecodable requests), then panic recovery innermost so a panic
-// becomes an INTERNAL status that is mapped and logged like any error.
+// alike (the gateway is a client of this server): the request id and client
+// address first, so every log line of the call carries them; then the gRPC
+// metrics and logging, so they see the final status; then the count of
+// refused claims, error mapping, authentication (and the refusal of
+// undecodable requests), and panic recovery innermost so a panic becomes an
+// INTERNAL status that is mapped and logged like any error.
 func (s *Server) interceptors() []grpc.ServerOption {
 	log := s.log
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		log.Log(ctx, slog.Level(lvl), msg, fields...)
+		log.Log(ctx, slog.Level(lvl), msg, withoutPeer(fields)...)
 	})
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
 	recover := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
@@ -32,12 +34,17 @@ func (s *Server) interceptors() []grpc.ServerOption {
 	})
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(
+			unaryRequestInfo(),
+			s.metrics.grpc.UnaryServerInterceptor(),
 			logging.UnaryServerInterceptor(logger, logOpts...),
+			s.metrics.refusals(),
 			unaryErrors(log),
 			s.unaryAuth(),
 			recovery.UnaryServerInterceptor(recover),
 		),
 		grpc.ChainStreamInterceptor(
+			streamRequestInfo(),
+			s.metrics.grpc.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(logger, logOpts...),
 			streamErrors(log),
 			s.streamAuth(),
@@ -74,4 +81,18 @@ func mapError(ctx context.Context, log *slog.Logger, method string, err error) e
 		log.ErrorContext(ctx, "request failed", "method", method, "error", err.Error())
 	}
 	return st.Err()
+}
+
+// withoutPeer drops the logging interceptor's peer.address field: for a REST
+// call it is the in-process gateway's, and the log handler adds the real
+// client address (requestHandler) to every line of a request anyway.
+func withoutPeer(fields []any) []any {
+	out := fields[:0:0]
+	for i := 0; i+1 < len(fields); i += 2 {
+		if k, _ := fields[i].(string); k == "peer.address" {
+			continue
+		}
+		out = append(out, fields[i], fields[i+1])
+	}
+	return out
 }

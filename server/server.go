@@ -86,6 +86,8 @@ type Config struct {
 	// Reload, when it delivers, makes the server read the token file and
 	// the TLS key pair again (main sends SIGHUP here); connections stay up.
 	Reload <-chan os.Signal
+	// DebugAddr, when set, serves net/http/pprof there (see listenDebug).
+	DebugAddr string
 }
 
 // Server is a running clusterd process; tests use it to learn bound addresses.
@@ -111,6 +113,8 @@ type Server struct {
 	httpLis  net.Listener
 	// gatewayLis is the in-process listener the REST gateway calls through.
 	gatewayLis gatewayListener
+	metrics    *metrics
+	debugLis   net.Listener
 	// bg is what Serve started besides the listeners (nil before Serve).
 	bg *background
 }
@@ -134,7 +138,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, codec: newRequestCodec(), gatewayLis: newGatewayListener()}
+	s := &Server{cfg: cfg, log: requestLogger(cfg.Logger), codec: newRequestCodec(), gatewayLis: newGatewayListener(), metrics: newMetrics()}
 	var err error
 	if s.certs, err = newCertificates(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA); err != nil {
 		return nil, err
@@ -177,15 +181,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 
 	s.ops = service.NewOperations(s.store)
-	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.ops.Notify, Lease: s.lease})
+	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.metrics.jobDone(s.ops.Notify), Lease: s.lease})
 	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
 	s.clusters = service.NewClusters(service.ClustersConfig{
-		Store: s.store, Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
+		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
 		Lease: s.lease,
 	})
 	s.scanner = scanner.New(scanner.Config{
-		Store: s.store, Recoverer: s.clusters, Infra: s.sim, Self: s.self, Lease: s.lease, Running: s.runner.Running,
+		Store: s.store, Recoverer: s.metrics.recoverer(s.clusters), Infra: s.sim, Self: s.self, Lease: s.lease, Running: s.runner.Running,
 		PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})
@@ -200,11 +204,19 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
+	s.metrics.grpc.InitializeMetrics(s.grpc)
+	s.metrics.watch(s.store, s.scanner, s.log)
 
 	if err := s.gateway(ctx); err != nil {
 		_ = s.grpcLis.Close()
 		_ = s.httpLis.Close()
 		_ = s.lease.Release(ctx)
+		cleanup()
+		return nil, err
+	}
+	if err := s.listenDebug(); err != nil {
+		_ = s.grpcLis.Close()
+		_ = s.httpLis.Close()
 		cleanup()
 		return nil, err
 	}
@@ -271,7 +283,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.startBackground()
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
-	wg.Add(4)
+	wg.Add(5)
 	go func() {
 		defer wg.Done()
 		if err := s.grpc.Serve(s.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -304,6 +316,10 @@ func (s *Server) Serve(ctx context.Context) error {
 				s.reload()
 			}
 		}
+	}()
+	go func() {
+		defer wg.Done()
+		s.serveDebug(ctx)
 	}()
 
 	var serveErr error

@@ -47,7 +47,7 @@ func (s *Clusters) CreateCluster(ctx context.Context, req *clv1.CreateClusterReq
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("cluster created", "cluster", c.ID, "name", c.DisplayName, "job", job.ID)
+	s.log.InfoContext(ctx, "cluster created", "cluster", c.ID, "name", c.DisplayName, "job", job.ID)
 	return s.launch(ctx, job, s.createWork)
 }
 

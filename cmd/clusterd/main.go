@@ -20,11 +20,16 @@ import (
 
 	"github.com/clusterd/clusterd/server"
 	"github.com/clusterd/clusterd/service"
+	"github.com/clusterd/clusterd/version"
 )
 
 func main() {
 	if err := run(os.Args[1:], os.Getenv, os.Stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		if errors.Is(err, errVersion) {
+			fmt.Println(version.Get().String("clusterd"))
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "clusterd:", err)
@@ -33,11 +38,10 @@ func main() {
 }
 
 func run(args []string, getenv func(string) string, stderr io.Writer) error {
-	cfg, level, err := parse(args, getenv, stderr)
+	cfg, _, err := parse(args, getenv, stderr)
 	if err != nil {
 		return err
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reload := make(chan os.Signal, 1)
@@ -98,6 +102,9 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often resting clusters are reconciled against the infrastructure")
 	fs.DurationVar(&cfg.JobRetention, "job-retention", 7*24*time.Hour, "finished operations are purged after this")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
+	logFormat := fs.String("log-format", "text", "log format: text (key=value) or json (one object a line)")
+	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "serve net/http/pprof on this address (off by default; loopback only unless identities are configured, and then for admins only)")
+	showVersion := fs.Bool("version", false, "print the version, commit and Go version, and exit")
 	fs.StringVar(&cfg.AuthTokens, "auth-tokens", "", "file of identities, one a line: sha256:<hex of the token's SHA-256> <account> <user|admin> (re-read on SIGHUP)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: serve gRPC and REST over TLS (re-read on SIGHUP)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
@@ -112,21 +119,32 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	if fs.NArg() > 0 {
 		return cfg, level, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	if *showVersion {
+		return cfg, level, errVersion
+	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		env := "CLUSTERD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v := getenv(env); v != "" && !given[f.Name] && envErr == nil {
+		if v := getenv(env); v != "" && !given[f.Name] && envErr == nil && f.Name != "version" {
 			if err := f.Value.Set(v); err != nil {
 				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
 			}
 		}
 	})
-	if envErr == nil && cfg.ServerID == "" {
+	if envErr != nil {
+		return cfg, level, envErr
+	}
+	if cfg.ServerID == "" {
 		cfg.ServerID = defaultServerID(host, cfg.GRPCAddr)
 	}
-	return cfg, level, envErr
+	handler, err := server.NewLogHandler(stderr, *logFormat, level)
+	if err != nil {
+		return cfg, level, fmt.Errorf("--log-format: %w", err)
+	}
+	cfg.Logger = slog.New(handler)
+	return cfg, level, nil
 }
 
 // defaultServerID is the host name and the gRPC port: unique per live
@@ -139,3 +157,6 @@ func defaultServerID(host, grpcAddr string) string {
 	}
 	return fmt.Sprintf("%s:pid%d", host, os.Getpid())
 }
+
+// errVersion asks main to print the version (--version) instead of serving.
+var errVersion = errors.New("version requested")

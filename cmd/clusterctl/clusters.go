@@ -1,0 +1,358 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/spf13/cobra"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/clusterd/clusterd/client"
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+)
+
+// notFoundError is a NOT_FOUND with its ErrorInfo, like the server's, for
+// what clusterctl itself could not find (a display name).
+func notFoundError(msg string) error {
+	st, err := status.New(codes.NotFound, msg).WithDetails(&errdetails.ErrorInfo{Reason: client.ReasonNotFound, Domain: client.Domain})
+	if err != nil {
+		return status.Error(codes.NotFound, msg)
+	}
+	return st.Err()
+}
+
+// mutation is what every command that starts an operation shares:
+// idempotency, the etag condition, and --wait.
+type mutation struct {
+	requestID string
+	etag      string
+	wait      bool
+}
+
+func (m *mutation) flags(cmd *cobra.Command, etag bool) {
+	cmd.Flags().StringVar(&m.requestID, "request-id", "", "a UUID that makes the request idempotent: sent again, it returns the first request's operation")
+	if etag {
+		cmd.Flags().StringVar(&m.etag, "etag", "", "only if the cluster's etag is still this one (from get)")
+	}
+	cmd.Flags().BoolVarP(&m.wait, "wait", "w", false, "follow the operation to its end, showing its progress")
+}
+
+// mutate sends one mutation, then prints its operation, or with --wait
+// follows it and prints the resulting cluster.
+func (a *app) mutate(cmd *cobra.Command, m *mutation, send func(ctx context.Context, c *client.Client) (*longrunningpb.Operation, error)) error {
+	c, err := a.connect()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := a.call(cmd.Context())
+	op, err := send(ctx, c)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if !m.wait {
+		return a.printOperations(op)
+	}
+	return a.follow(cmd.Context(), c, op)
+}
+
+// clusterArg completes a CLUSTER argument with the display names the
+// server lists (quietly nothing when it cannot be reached).
+func (a *app) clusterArg(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	if err := a.applyEnvironment(cmd.Root().PersistentFlags()); err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	c, err := a.connect()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Second)
+	defer cancel()
+	resp, err := c.Clusters.ListClusters(ctx, &clv1.ListClustersRequest{PageSize: 1000})
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []cobra.Completion
+	for _, cl := range resp.GetClusters() {
+		out = append(out, cobra.CompletionWithDesc(cl.GetDisplayName(), cl.GetState().String()))
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+func (a *app) clusterCommands() []*cobra.Command {
+	return []*cobra.Command{
+		a.createCommand(), a.getCommand(), a.listCommand(),
+		a.simpleMutation("start", "Start a STOPPED or ALERT cluster (or retry the start of an ERROR one)",
+			func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error) {
+				return c.Clusters.StartCluster(ctx, &clv1.StartClusterRequest{Name: name, RequestId: m.requestID, Etag: m.etag})
+			}),
+		a.simpleMutation("stop", "Stop a cluster's machines, keeping its resources",
+			func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error) {
+				return c.Clusters.StopCluster(ctx, &clv1.StopClusterRequest{Name: name, RequestId: m.requestID, Etag: m.etag})
+			}),
+		a.scaleCommand(), a.upgradeCommand(),
+		a.nodesCommand("add-nodes", "Add free EXTERNAL machines to a cluster as workers",
+			func(ctx context.Context, c *client.Client, name string, machines []string, m *mutation) (*longrunningpb.Operation, error) {
+				return c.Clusters.AddNodes(ctx, &clv1.AddNodesRequest{Name: name, Machines: machines, RequestId: m.requestID})
+			}),
+		a.nodesCommand("remove-nodes", "Drain and remove named nodes from a cluster",
+			func(ctx context.Context, c *client.Client, name string, nodes []string, m *mutation) (*longrunningpb.Operation, error) {
+				return c.Clusters.RemoveNodes(ctx, &clv1.RemoveNodesRequest{Name: name, Nodes: nodes, RequestId: m.requestID})
+			}),
+		a.simpleMutation("delete", "Destroy a cluster and its machines",
+			func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error) {
+				return c.Clusters.DeleteCluster(ctx, &clv1.DeleteClusterRequest{Name: name, RequestId: m.requestID, Etag: m.etag})
+			}),
+		a.eventsCommand(),
+	}
+}
+
+func (a *app) createCommand() *cobra.Command {
+	var m mutation
+	spec := &clv1.Cluster{}
+	var autoMin, autoMax int32
+	cmd := &cobra.Command{
+		Use:   "create NAME --kubernetes-version V --offering O [--workers N]",
+		Short: "Create a cluster",
+		Example: "  clusterctl create demo --kubernetes-version 1.30.2 --workers 2 --offering medium --wait\n" +
+			"  clusterctl create demo --kubernetes-version 1.30.2 --offering medium -o json",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			spec.DisplayName = argv[0]
+			if autoMax > 0 {
+				spec.Autoscaling = &clv1.Autoscaling{Enabled: true, MinSize: autoMin, MaxSize: autoMax}
+			}
+			return a.mutate(cmd, &m, func(ctx context.Context, c *client.Client) (*longrunningpb.Operation, error) {
+				return c.Clusters.CreateCluster(ctx, &clv1.CreateClusterRequest{Cluster: spec, RequestId: m.requestID})
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&spec.KubernetesVersion, "kubernetes-version", "", "the Kubernetes version, e.g. 1.30.2")
+	f.StringVar(&spec.ServiceOffering, "offering", "", "the service offering (machine size) of every node, e.g. medium")
+	f.Int32Var(&spec.WorkerNodeCount, "workers", 1, "worker nodes")
+	f.Int32Var(&spec.ControlNodeCount, "control-nodes", 0, "control-plane nodes (0: the server's default)")
+	f.StringVar(&spec.Description, "description", "", "free text")
+	f.Int32Var(&autoMin, "autoscale-min", 0, "with --autoscale-max: the fewest workers the autoscaler keeps")
+	f.Int32Var(&autoMax, "autoscale-max", 0, "deploy the cluster autoscaler, adding workers up to this many")
+	m.flags(cmd, false)
+	return cmd
+}
+
+func (a *app) getCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:               "get CLUSTER",
+		Short:             "Show a cluster and its nodes",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.clusterArg,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			name, err := a.clusterName(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd.Context())
+			defer cancel()
+			cl, err := c.Clusters.GetCluster(ctx, &clv1.GetClusterRequest{Name: name})
+			if err != nil {
+				return err
+			}
+			return a.printCluster(cl)
+		},
+	}
+}
+
+func (a *app) listCommand() *cobra.Command {
+	var filter string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List clusters (every page, in creation order)",
+		Example: "  clusterctl list\n  clusterctl list --filter 'state = RUNNING OR state = STOPPED'\n" +
+			"  clusterctl list --filter 'state = DESTROYED' -o json",
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			all := &clv1.ListClustersResponse{}
+			token := ""
+			for {
+				ctx, cancel := a.call(cmd.Context())
+				resp, err := c.Clusters.ListClusters(ctx, &clv1.ListClustersRequest{Filter: filter, PageSize: 1000, PageToken: token})
+				cancel()
+				if err != nil {
+					return err
+				}
+				all.Clusters = append(all.Clusters, resp.GetClusters()...)
+				token = resp.GetNextPageToken()
+				if token == "" || (limit > 0 && len(all.Clusters) >= limit) {
+					break
+				}
+			}
+			if limit > 0 && len(all.Clusters) > limit {
+				all.Clusters = all.Clusters[:limit]
+			}
+			return a.printClusters(all)
+		},
+	}
+	cmd.Flags().StringVar(&filter, "filter", "", "an AIP-160 filter on state, display_name, account, create_time, update_time")
+	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many clusters (0: all)")
+	return cmd
+}
+
+// simpleMutation is a mutation of one cluster with no other parameter.
+func (a *app) simpleMutation(use, short string, send func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error)) *cobra.Command {
+	var m mutation
+	cmd := &cobra.Command{
+		Use:               use + " CLUSTER",
+		Short:             short,
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.clusterArg,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			name, err := a.clusterName(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			return a.mutate(cmd, &m, func(ctx context.Context, c *client.Client) (*longrunningpb.Operation, error) {
+				return send(ctx, c, name, &m)
+			})
+		},
+	}
+	m.flags(cmd, true)
+	return cmd
+}
+
+func (a *app) scaleCommand() *cobra.Command {
+	var m mutation
+	var workers, autoMin, autoMax int32
+	var offering string
+	var remove []string
+	var noAutoscale bool
+	cmd := &cobra.Command{
+		Use:   "scale CLUSTER [--workers N] [--offering O] [--remove-node M]... [--autoscale-min A --autoscale-max B | --no-autoscale]",
+		Short: "Change a cluster's size, offering or autoscaler",
+		Example: "  clusterctl scale demo --workers 3 --wait\n" +
+			"  clusterctl scale demo --workers 1 --remove-node machines/0192f0c1-7a3e-7000-8000-000000000001",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.clusterArg,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			name, err := a.clusterName(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			req := &clv1.ScaleClusterRequest{Name: name, ServiceOffering: offering, RemoveNodes: machineNames(remove), RequestId: m.requestID, Etag: m.etag}
+			if cmd.Flags().Changed("workers") {
+				req.WorkerNodeCount = &workers
+			}
+			switch {
+			case noAutoscale:
+				req.Autoscaling = &clv1.Autoscaling{Enabled: false}
+			case autoMax > 0:
+				req.Autoscaling = &clv1.Autoscaling{Enabled: true, MinSize: autoMin, MaxSize: autoMax}
+			}
+			return a.mutate(cmd, &m, func(ctx context.Context, c *client.Client) (*longrunningpb.Operation, error) {
+				return c.Clusters.ScaleCluster(ctx, req)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.Int32Var(&workers, "workers", 0, "the new number of worker nodes")
+	f.StringVar(&offering, "offering", "", "the new service offering")
+	f.StringArrayVar(&remove, "remove-node", nil, "a worker node to drain and remove when scaling down (repeatable)")
+	f.Int32Var(&autoMin, "autoscale-min", 0, "with --autoscale-max: the fewest workers the autoscaler keeps")
+	f.Int32Var(&autoMax, "autoscale-max", 0, "turn the autoscaler on, adding workers up to this many")
+	f.BoolVar(&noAutoscale, "no-autoscale", false, "turn the autoscaler off")
+	cmd.MarkFlagsMutuallyExclusive("autoscale-max", "no-autoscale")
+	m.flags(cmd, true)
+	return cmd
+}
+
+func (a *app) upgradeCommand() *cobra.Command {
+	var m mutation
+	cmd := &cobra.Command{
+		Use:               "upgrade CLUSTER VERSION",
+		Short:             "Upgrade a running cluster's Kubernetes version (a later patch or the next minor)",
+		Example:           "  clusterctl upgrade demo 1.30.5 --wait",
+		Args:              args(cobra.ExactArgs(2)),
+		ValidArgsFunction: a.clusterArg,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			name, err := a.clusterName(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			return a.mutate(cmd, &m, func(ctx context.Context, c *client.Client) (*longrunningpb.Operation, error) {
+				return c.Clusters.UpgradeCluster(ctx, &clv1.UpgradeClusterRequest{Name: name, KubernetesVersion: argv[1], RequestId: m.requestID, Etag: m.etag})
+			})
+		},
+	}
+	m.flags(cmd, true)
+	return cmd
+}
+
+// nodesCommand is add-nodes or remove-nodes: a cluster and machines.
+func (a *app) nodesCommand(use, short string, send func(ctx context.Context, c *client.Client, name string, machines []string, m *mutation) (*longrunningpb.Operation, error)) *cobra.Command {
+	var m mutation
+	cmd := &cobra.Command{
+		Use:               use + " CLUSTER MACHINE...",
+		Short:             short,
+		Args:              args(cobra.MinimumNArgs(2)),
+		ValidArgsFunction: a.clusterArg,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			name, err := a.clusterName(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			return a.mutate(cmd, &m, func(ctx context.Context, c *client.Client) (*longrunningpb.Operation, error) {
+				return send(ctx, c, name, machineNames(argv[1:]), &m)
+			})
+		},
+	}
+	m.flags(cmd, false)
+	return cmd
+}
+
+func (a *app) eventsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:               "events CLUSTER",
+		Short:             "Show a cluster's history: every transition and repair, oldest first",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.clusterArg,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			name, err := a.clusterName(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			all := &clv1.ListClusterEventsResponse{}
+			token := ""
+			for {
+				ctx, cancel := a.call(cmd.Context())
+				resp, err := c.Clusters.ListClusterEvents(ctx, &clv1.ListClusterEventsRequest{Parent: name, PageSize: 1000, PageToken: token})
+				cancel()
+				if err != nil {
+					return err
+				}
+				all.Events = append(all.Events, resp.GetEvents()...)
+				if token = resp.GetNextPageToken(); token == "" {
+					break
+				}
+			}
+			return a.printEvents(all)
+		},
+	}
+}

@@ -1,0 +1,229 @@
+// Command clusterctl drives clusterd from a terminal: every ClusterLifecycle
+// and Operations RPC is a command (clusterctl create, get, list, start, stop,
+// scale, upgrade, add-nodes, remove-nodes, delete, events, operations
+// list|get|wait|cancel), built on the Go client package (client/).
+//
+// Output is a table, or with -o json the protojson of the resource. Every
+// mutation takes --wait, which follows the operation to its end: a progress
+// bar on a terminal, plain lines otherwise, on stderr so that stdout holds
+// only the result. Failures exit non-zero and say the error's ErrorInfo
+// reason. Every global flag has an environment twin: --server is
+// CLUSTERCTL_SERVER, --tls-ca is CLUSTERCTL_TLS_CA.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
+	"google.golang.org/grpc/codes"
+
+	"github.com/clusterd/clusterd/client"
+	"github.com/clusterd/clusterd/version"
+)
+
+// Exit codes.
+const (
+	exitOK = 0
+	// exitFailed: the server refused the request, or the operation failed.
+	exitFailed = 1
+	// exitUsage: the command line is wrong (unknown flag, missing argument).
+	exitUsage = 2
+	// exitInterrupted: Ctrl-C while waiting; the operation goes on.
+	exitInterrupted = 130
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is clusterctl: it parses args (with the environment twins of the
+// global flags from getenv), runs the command and returns the exit code.
+// Tests call it in-process.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if a.client != nil {
+		_ = a.client.Close()
+	}
+	if err == nil {
+		return exitOK
+	}
+	return a.report(ctx, err)
+}
+
+// app is one run of clusterctl: where it writes and what it connects with.
+type app struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+
+	server, token, account                        string
+	useTLS                                        bool
+	tlsCA, tlsCert, tlsKey, tlsServerName, output string
+	timeout                                       durationFlag
+
+	client *client.Client
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "clusterctl",
+		Short: "Drive clusterd: create, change and follow Kubernetes clusters",
+		Long: "clusterctl drives a clusterd server over gRPC.\n\n" +
+			"Every global flag has an environment twin: --server is CLUSTERCTL_SERVER, --token CLUSTERCTL_TOKEN,\n" +
+			"--tls-ca CLUSTERCTL_TLS_CA, and so on; a flag on the command line wins.\n" +
+			"A CLUSTER is clusters/{uuid}, the bare uuid, or the cluster's display name.",
+		Version:       version.Get().String("clusterctl"),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return a.applyEnvironment(cmd.Root().PersistentFlags(), cmd.Flags())
+		},
+	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	f := root.PersistentFlags()
+	f.StringVar(&a.server, "server", "127.0.0.1:9090", "clusterd's gRPC address, host:port")
+	f.StringVar(&a.token, "token", "", "bearer token (a server started with --auth-tokens)")
+	f.StringVar(&a.account, "account", "", "the account to act for: an admin's, or anyone's in development mode (x-clusterd-account)")
+	f.BoolVar(&a.useTLS, "tls", false, "connect over TLS, trusting the system's CAs (implied by the other --tls-* flags)")
+	f.StringVar(&a.tlsCA, "tls-ca", "", "PEM CA bundle to verify the server with, instead of the system's")
+	f.StringVar(&a.tlsCert, "tls-cert", "", "PEM client certificate (mutual TLS: its CN is the account)")
+	f.StringVar(&a.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&a.tlsServerName, "tls-server-name", "", "the name the server's certificate must have (default: the host of --server)")
+	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json (protojson of the resource)")
+	a.timeout.d = defaultTimeout
+	f.Var(&a.timeout, "timeout", "how long each request may take (not --wait, which waits until the operation ends)")
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
+
+	root.AddGroup(&cobra.Group{ID: "clusters", Title: "Clusters:"}, &cobra.Group{ID: "operations", Title: "Operations:"})
+	for _, c := range a.clusterCommands() {
+		c.GroupID = "clusters"
+		root.AddCommand(c)
+	}
+	ops := a.operationsCommand()
+	ops.GroupID = "operations"
+	root.AddCommand(ops)
+	return root
+}
+
+// applyEnvironment sets every flag not given on the command line from its
+// CLUSTERCTL_* twin (--tls-ca <- CLUSTERCTL_TLS_CA).
+func (a *app) applyEnvironment(sets ...*pflag.FlagSet) error {
+	var err error
+	for _, set := range sets {
+		set.VisitAll(func(f *pflag.Flag) {
+			if err != nil || f.Changed || f.Name == "help" || f.Name == "version" {
+				return
+			}
+			env := "CLUSTERCTL_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+			if v := a.getenv(env); v != "" {
+				if serr := set.Set(f.Name, v); serr != nil {
+					err = usageError{fmt.Errorf("%s=%q: %w", env, v, serr)}
+				}
+			}
+		})
+	}
+	if err == nil && a.output != "table" && a.output != "json" {
+		err = usageError{fmt.Errorf("--output %q: want table or json", a.output)}
+	}
+	return err
+}
+
+// usageError is a mistake on the command line (exit 2, with a hint).
+type usageError struct{ error }
+
+// Unwrap gives errors.Is the mistake itself.
+func (u usageError) Unwrap() error { return u.error }
+
+// args wraps a positional-argument check so that its error is a usage error.
+func args(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if err := check(cmd, a); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}
+
+// report prints err for a person and returns the exit code: the gRPC code
+// and the ErrorInfo reason first (what scripts and people switch on), then
+// the message and any invalid fields.
+func (a *app) report(ctx context.Context, err error) int {
+	var usage usageError
+	if errors.As(err, &usage) {
+		fmt.Fprintf(a.stderr, "clusterctl: %v\nRun 'clusterctl --help' for usage.\n", usage.error)
+		return exitUsage
+	}
+	var stopped *stoppedWaiting
+	if errors.As(err, &stopped) && ctx.Err() != nil {
+		fmt.Fprintf(a.stderr, "clusterctl: stopped waiting; %s goes on (clusterctl operations wait %s)\n", stopped.name, stopped.name)
+		return exitInterrupted
+	}
+	code := client.Code(err)
+	if code == codes.Unknown && client.ErrorInfo(err) == nil {
+		fmt.Fprintf(a.stderr, "clusterctl: %v\n", err)
+		return exitFailed
+	}
+	what := codeName(code)
+	if reason := client.Reason(err); reason != "" {
+		what += " " + reason
+	}
+	var opErr *client.OperationError
+	prefix := ""
+	if errors.As(err, &opErr) {
+		prefix = opErr.Name + " failed: "
+	}
+	fmt.Fprintf(a.stderr, "clusterctl: %s%s: %s\n", prefix, what, messageOf(err))
+	for _, v := range client.FieldViolations(err) {
+		fmt.Fprintf(a.stderr, "  %s: %s\n", v.GetField(), v.GetDescription())
+	}
+	if code == codes.Unavailable && strings.Contains(messageOf(err), "connect") {
+		fmt.Fprintf(a.stderr, "  (is clusterd serving gRPC on %s? set --server or CLUSTERCTL_SERVER)\n", a.server)
+	}
+	return exitFailed
+}
+
+// codeName spells a gRPC code as google.rpc.Code does (ABORTED,
+// NOT_FOUND, CANCELLED).
+func codeName(c codes.Code) string {
+	if c == codes.Canceled {
+		return "CANCELLED"
+	}
+	var b strings.Builder
+	for i, r := range c.String() {
+		if i > 0 && r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return strings.ToUpper(b.String())
+}
+
+// isTerminal reports whether w is a terminal, and its width.
+func isTerminal(w io.Writer) (bool, int) {
+	f, ok := w.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return false, 0
+	}
+	width, _, err := term.GetSize(int(f.Fd()))
+	if err != nil || width <= 0 {
+		width = 80
+	}
+	return true, width
+}

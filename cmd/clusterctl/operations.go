@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/spf13/cobra"
+
+	"github.com/clusterd/clusterd/client"
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+)
+
+// pollEvery is how often --wait redraws progress at most: one
+// WaitOperation call returns at the operation's end or after this long.
+const pollEvery = 250 * time.Millisecond
+
+// stoppedWaiting: the wait ended before the operation did (Ctrl-C).
+type stoppedWaiting struct {
+	name string
+	err  error
+}
+
+// Error names the operation that goes on.
+func (s *stoppedWaiting) Error() string { return "wait for " + s.name + ": " + s.err.Error() }
+
+// Unwrap gives the context's error (cancelled by Ctrl-C).
+func (s *stoppedWaiting) Unwrap() error { return s.err }
+
+// follow waits for op to end, drawing its progress on stderr, and prints
+// the resulting cluster (or, for a delete, the done operation). A failed
+// operation is returned as its *client.OperationError.
+func (a *app) follow(ctx context.Context, c *client.Client, op *longrunningpb.Operation) error {
+	p := newProgress(a.stderr, op.GetName())
+	done, err := c.Wait(ctx, op, p.update, client.PollEvery(pollEvery))
+	var opErr *client.OperationError
+	switch {
+	case errors.As(err, &opErr):
+		p.finish(done)
+		return err
+	case err != nil:
+		p.abandon()
+		if ctx.Err() != nil {
+			return &stoppedWaiting{name: op.GetName(), err: err}
+		}
+		return err
+	}
+	p.finish(done)
+	cl, err := client.ClusterOf(done)
+	if err != nil {
+		return a.printOperations(done) // a delete's response is empty
+	}
+	// The response is the cluster as the operation left it; read it again
+	// for its nodes (and anything that happened since).
+	ctx, cancel := a.call(ctx)
+	defer cancel()
+	if now, err := c.Clusters.GetCluster(ctx, &clv1.GetClusterRequest{Name: cl.GetName()}); err == nil {
+		cl = now
+	}
+	return a.printCluster(cl)
+}
+
+func (a *app) operationsCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "operations",
+		Aliases: []string{"operation", "ops", "op"},
+		Short:   "List, show, wait for and cancel operations (google.longrunning.Operations)",
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usageError{errors.New("name a subcommand: list, get, wait or cancel")}
+		},
+	}
+	cmd.AddCommand(a.operationsList(), a.operationsGet(), a.operationsWait(), a.operationsCancel())
+	return cmd
+}
+
+func (a *app) operationsList() *cobra.Command {
+	var filter, cluster string
+	var running bool
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list [--cluster CLUSTER] [--running] [--filter F]",
+		Short: "List operations in creation order",
+		Example: "  clusterctl operations list --running\n  clusterctl operations list --cluster demo\n" +
+			"  clusterctl operations list --filter 'verb = scale AND done = true'",
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			var terms []string
+			if filter != "" {
+				terms = append(terms, "("+filter+")")
+			}
+			if cluster != "" {
+				name, err := a.clusterName(cmd.Context(), cluster)
+				if err != nil {
+					return err
+				}
+				terms = append(terms, `cluster = "`+name+`"`)
+			}
+			if running {
+				terms = append(terms, "done = false")
+			}
+			all := &longrunningpb.ListOperationsResponse{}
+			token := ""
+			for {
+				ctx, cancel := a.call(cmd.Context())
+				resp, err := c.Operations.ListOperations(ctx, &longrunningpb.ListOperationsRequest{
+					Name: "operations", Filter: joinAnd(terms), PageSize: 1000, PageToken: token})
+				cancel()
+				if err != nil {
+					return err
+				}
+				all.Operations = append(all.Operations, resp.GetOperations()...)
+				token = resp.GetNextPageToken()
+				if token == "" || (limit > 0 && len(all.Operations) >= limit) {
+					break
+				}
+			}
+			if limit > 0 && len(all.Operations) > limit {
+				all.Operations = all.Operations[:limit]
+			}
+			return a.printOperationList(all)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&filter, "filter", "", "an AIP-160 filter on cluster, done, verb, create_time, update_time")
+	f.StringVar(&cluster, "cluster", "", "only this cluster's operations")
+	f.BoolVar(&running, "running", false, "only operations not done yet")
+	f.IntVar(&limit, "limit", 0, "at most this many operations (0: all)")
+	_ = cmd.RegisterFlagCompletionFunc("cluster", a.clusterArg)
+	return cmd
+}
+
+// joinAnd joins filter terms with AND.
+func joinAnd(terms []string) string {
+	out := ""
+	for i, t := range terms {
+		if i > 0 {
+			out += " AND "
+		}
+		out += t
+	}
+	return out
+}
+
+func (a *app) operationsGet() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get OPERATION",
+		Short: "Show an operation: its verb, cluster, step and progress, and how it ended",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd.Context())
+			defer cancel()
+			op, err := c.Operations.GetOperation(ctx, &longrunningpb.GetOperationRequest{Name: operationName(argv[0])})
+			if err != nil {
+				return err
+			}
+			return a.printOperations(op)
+		},
+	}
+}
+
+func (a *app) operationsWait() *cobra.Command {
+	return &cobra.Command{
+		Use:   "wait OPERATION",
+		Short: "Follow an operation to its end, showing its progress; exits non-zero if it failed",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			return a.follow(cmd.Context(), c, &longrunningpb.Operation{Name: operationName(argv[0])})
+		},
+	}
+}
+
+func (a *app) operationsCancel() *cobra.Command {
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "cancel OPERATION",
+		Short: "Ask an operation to stop at its next step (cooperative); --wait follows it to its end",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			name := operationName(argv[0])
+			ctx, cancel := a.call(cmd.Context())
+			defer cancel()
+			if _, err := c.Operations.CancelOperation(ctx, &longrunningpb.CancelOperationRequest{Name: name}); err != nil {
+				return err
+			}
+			if wait {
+				return a.follow(cmd.Context(), c, &longrunningpb.Operation{Name: name})
+			}
+			op, err := c.Operations.GetOperation(ctx, &longrunningpb.GetOperationRequest{Name: name})
+			if err != nil {
+				return err
+			}
+			return a.printOperations(op)
+		},
+	}
+	cmd.Flags().BoolVarP(&wait, "wait", "w", false, "follow the operation to its end")
+	return cmd
+}
+
+// verbOf reads an operation's verb for tables.
+func verbOf(op *longrunningpb.Operation) *clv1.OperationMetadata {
+	md, err := client.MetadataOf(op)
+	if err != nil {
+		return &clv1.OperationMetadata{}
+	}
+	return md
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestVersionFlag(t *testing.T) {
+	if _, _, err := parse([]string{"--version"}, func(string) string { return "" }, io.Discard); !errors.Is(err, errVersion) {
+		t.Errorf("--version: %v; want the version printed instead of serving", err)
+	}
+	// An environment that happens to set CLUSTERD_VERSION does not turn the
+	// server into a version printer (nor refuse to start).
+	env := map[string]string{"CLUSTERD_VERSION": "1.2"}
+	if _, _, err := parse(nil, func(k string) string { return env[k] }, io.Discard); err != nil {
+		t.Errorf("CLUSTERD_VERSION=1.2: %v; want it ignored", err)
+	}
+}
+
+func TestLogFormat(t *testing.T) {
+	var out strings.Builder
+	cfg, _, err := parse([]string{"--log-format", "json"}, func(string) string { return "" }, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Logger.InfoContext(context.Background(), "hello", "cluster", "clusters/x")
+	var line map[string]any
+	if err := json.Unmarshal([]byte(out.String()), &line); err != nil || line["msg"] != "hello" || line["cluster"] != "clusters/x" {
+		t.Errorf("--log-format json wrote %q (%v); want one JSON object", out.String(), err)
+	}
+
+	out.Reset()
+	env := map[string]string{"CLUSTERD_LOG_FORMAT": "text"}
+	cfg, _, err = parse(nil, func(k string) string { return env[k] }, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Logger.Info("hello")
+	if !strings.Contains(out.String(), "msg=hello") {
+		t.Errorf("text log = %q", out.String())
+	}
+
+	if _, _, err := parse([]string{"--log-format", "xml"}, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "text or json") {
+		t.Errorf("--log-format xml: %v; want a refusal naming the formats", err)
+	}
+}

@@ -1,0 +1,263 @@
+package server
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/chromedp/chromedp"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/repository/repotest"
+)
+
+// browser starts headless Chromium (Debian's) with a fresh profile and
+// returns a tab, closed at the end of the test. Without Chromium the test
+// is skipped, or fails under CI (make test installs it: make chromium).
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("chromium is not installed (make chromium installs it)")
+		}
+		t.Skip("chromium is not installed: the web view is not tested (make chromium installs it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	ctx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(path),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 900),
+	)
+	t.Cleanup(cancelAlloc)
+	ctx, cancelTab := chromedp.NewContext(ctx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(cancelTab)
+	return ctx
+}
+
+// artifacts is where the test leaves screenshots for people to look at:
+// $CLUSTERD_TEST_ARTIFACTS, or test-artifacts/ at the top of the repository
+// (git-ignored).
+func artifacts(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("CLUSTERD_TEST_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join("..", "test-artifacts")
+	}
+	dir, err := filepath.Abs(filepath.Join(dir, "web"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func screenshot(t *testing.T, ctx context.Context, dir, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", name, err)
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("web view screenshot: %s", path)
+}
+
+// see waits (bounded) until the JavaScript expression is truthy on the
+// page, and returns its value: what a person looking at the page would see.
+func see[T any](t *testing.T, ctx context.Context, what, expr string) T {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Poll[T](expr,
+		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(60*time.Second)))
+	if err != nil {
+		text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+		t.Fatalf("the page never showed %s: %v\npage text:\n%s", what, err, text)
+	}
+	return v
+}
+
+// webSpan is one entry of the timeline as the page shows it.
+type webSpan struct {
+	Verb, Result, Operation, Holder, Marks, Text string
+}
+
+// TestWebView loads the web view in headless Chromium against a real
+// server whose cluster has a history (created; a scale that failed and
+// whose leftover machine was repaired; recovered by the scanner) and a
+// running scale held at join_node, and checks what a person sees: the
+// token prompt, the cluster's state and the running operation's progress
+// in the list, then on the cluster's page its nodes and the timeline of who
+// held it when, the recovery and the repair marked; then that the page
+// follows the scale to its end on its own. Screenshots go to
+// test-artifacts/web/.
+func TestWebView(t *testing.T) {
+	ctx := browser(t)
+	dir := artifacts(t)
+	h := start(t, repotest.Backends(t)[0], withTokens(t), busyScanner)
+
+	c := h.create(t, "web", 1)
+	if _, err := h.clients.sim.InjectFault(tctx(t), &clv1.InjectFaultRequest{Fault: &clv1.Fault{
+		Step: "join_node", Mode: clv1.Fault_FAIL, Cluster: c.GetName(), Count: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	two := int32(2)
+	op, err := h.clients.clusters.ScaleCluster(tctx(t), &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: &two})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, op)
+	h.waitState(t, c.GetName(), clv1.Cluster_RUNNING) // ALERT, recovered by the scanner
+	if _, err := h.clients.sim.InjectFault(tctx(t), &clv1.InjectFaultRequest{Fault: &clv1.Fault{Step: "join_node", Mode: clv1.Fault_HOLD}}); err != nil {
+		t.Fatal(err)
+	}
+	running, err := h.clients.clusters.ScaleCluster(tctx(t), &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: &two})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := h.clients.ops.ListOperations(tctx(t), &longrunningpb.ListOperationsRequest{Filter: `cluster = "` + c.GetName() + `"`})
+	if err != nil || len(ops.GetOperations()) != 4 {
+		t.Fatalf("the cluster's operations = %v, %v; want create, scale, recover, scale", ops.GetOperations(), err)
+	}
+	createOp := ops.GetOperations()[0].GetName()
+
+	var console struct {
+		sync.Mutex
+		bad []string
+	}
+	messages := chromedp.Console(ctx)
+	go func() {
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			// A 401 answer is logged as a failed load; that is the point of
+			// the first step. Exceptions and refused scripts or styles
+			// (Content-Security-Policy) are bugs.
+			if m.Type == chromedp.ConsoleException || strings.Contains(m.Text, "Content Security Policy") {
+				console.Lock()
+				console.bad = append(console.bad, string(m.Type)+": "+m.Text)
+				console.Unlock()
+			}
+		}
+	}()
+
+	// Without a token the page says what it needs.
+	if err := chromedp.Do(ctx, chromedp.Navigate(h.base+"/")); err != nil {
+		t.Fatal(err)
+	}
+	prompt := see[string](t, ctx, "the token prompt",
+		`(() => { const p = document.querySelector('#problem'); return p && !p.hidden && p.innerText; })()`)
+	if !strings.Contains(prompt, "needs credentials") || !strings.Contains(prompt, "CREDENTIALS_MISSING") {
+		t.Errorf("without a token the page says %q", prompt)
+	}
+
+	// With the admin's token: the cluster, its state, the scale's progress.
+	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#token"), tokenAdmin), chromedp.Click(chromedp.CSS("#use-token"))); err != nil {
+		t.Fatal(err)
+	}
+	row := see[map[string]any](t, ctx, "the cluster held at join_node",
+		`(() => { const r = document.querySelector('#clusters tbody tr');
+		   if (!r || !r.innerText.includes('join_node')) return false;
+		   const bar = r.querySelector('[role=progressbar]');
+		   return {text: r.innerText, done: +bar.getAttribute('aria-valuenow'), total: +bar.getAttribute('aria-valuemax'),
+		           state: r.querySelector('.state').innerText, problem: !document.querySelector('#problem').hidden}; })()`)
+	text, _ := row["text"].(string)
+	for _, want := range []string{"web", c.GetName(), "ops", "SCALING", "1.30.2", "scale", "join_node"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the cluster's row shows %q; want %q in it", text, want)
+		}
+	}
+	if done, total := row["done"].(float64), row["total"].(float64); row["state"] != "SCALING" || done <= 0 || done >= total || row["problem"] == true {
+		t.Errorf("row = %v; want SCALING with a partial bar and no problem shown", row)
+	}
+	if stored := see[string](t, ctx, "the token kept for the tab", `sessionStorage.getItem('clusterd.token')`); stored != tokenAdmin {
+		t.Errorf("sessionStorage holds %q", stored)
+	}
+	screenshot(t, ctx, dir, "clusters.png")
+
+	// The cluster's page: nodes, and the timeline from newest to oldest.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#clusters a.name"))); err != nil {
+		t.Fatal(err)
+	}
+	spans := see[[]webSpan](t, ctx, "the timeline of four holders",
+		`(() => { const li = [...document.querySelectorAll('#timeline > li')];
+		   if (li.length < 4) return false;
+		   return li.map(s => ({Verb: s.querySelector('.verb').innerText, Result: s.dataset.result, Operation: s.dataset.operation,
+		     Holder: s.querySelector('.holder').innerText, Marks: [...s.querySelectorAll('.mark')].map(m => m.innerText).join(','),
+		     Text: s.innerText})); })()`)
+	want := []webSpan{
+		{Verb: "scale", Result: "running", Operation: running.GetName()},
+		{Verb: "recover", Result: "succeeded", Marks: "recovery"},
+		{Verb: "scale", Result: "failed", Operation: op.GetName(), Marks: "1 repair"},
+		{Verb: "create", Result: "succeeded", Operation: createOp},
+	}
+	if len(spans) != len(want) {
+		t.Fatalf("the timeline shows %d spans: %+v; want %d", len(spans), spans, len(want))
+	}
+	for i, w := range want {
+		s := spans[i]
+		if s.Verb != w.Verb || s.Result != w.Result || (w.Operation != "" && s.Operation != w.Operation) || s.Marks != w.Marks {
+			t.Errorf("timeline entry %d = %s %s %s marks %q; want %s %s %s marks %q", i, s.Verb, s.Result, s.Operation, s.Marks, w.Verb, w.Result, w.Operation, w.Marks)
+		}
+		if !strings.Contains(s.Holder, "held by operations/") || !strings.HasSuffix(s.Holder, "on server test-server") {
+			t.Errorf("timeline entry %d says %q; want who held the cluster and on which server", i, s.Holder)
+		}
+	}
+	for _, w := range []struct {
+		span int
+		text string
+	}{
+		{0, "join_node"}, {0, "SCALE_UP_REQUESTED"}, {1, "RECOVERY_REQUESTED"}, {2, "destroy_machine: machines/"},
+		{2, "OPERATION_FAILED"}, {3, "CLUSTER_CREATED"}, {3, "STARTING → RUNNING"},
+	} {
+		if !strings.Contains(spans[w.span].Text, w.text) {
+			t.Errorf("timeline entry %d shows %q; want %q in it", w.span, spans[w.span].Text, w.text)
+		}
+	}
+	nodes := see[float64](t, ctx, "the nodes", `document.querySelectorAll('#nodes tbody tr').length`)
+	if nodes != 3 { // control, worker, and the scale's machine being joined
+		t.Errorf("the nodes table has %v rows; want 3", nodes)
+	}
+	screenshot(t, ctx, dir, "cluster.png")
+
+	// Live: released, the scale ends and the page shows it without a reload.
+	if _, err := h.clients.sim.ClearFaults(tctx(t), &clv1.ClearFaultsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	see[bool](t, ctx, "the scale succeeded and the cluster RUNNING",
+		`document.querySelector('#cluster .state').innerText === 'RUNNING' &&
+		 document.querySelector('#timeline > li').dataset.result === 'succeeded'`)
+	screenshot(t, ctx, dir, "cluster-after.png")
+
+	// Development mode (another server, another origin): no token needed.
+	dev := start(t, repotest.Backends(t)[0])
+	dev.create(t, "dev", 1)
+	if err := chromedp.Do(ctx, chromedp.Navigate(dev.base+"/")); err != nil {
+		t.Fatal(err)
+	}
+	see[bool](t, ctx, "the development server's cluster without a token",
+		`!!document.querySelector('#clusters tbody tr') && document.querySelector('#clusters tbody tr').innerText.includes('RUNNING')`)
+
+	console.Lock()
+	defer console.Unlock()
+	for _, m := range console.bad {
+		t.Errorf("browser console: %s", m)
+	}
+}
