@@ -167,6 +167,9 @@ func TestWaitReturnsTheOperationsError(t *testing.T) {
 	if !errors.As(err, &opErr) || opErr.Name != op.GetName() || client.Code(err) == codes.OK || !done.GetDone() {
 		t.Fatalf("Wait on a failing create = %v, %v; want the done operation and an *OperationError", done, err)
 	}
+	if info := client.ErrorInfo(err); info.GetReason() != "STEP_FAILED" || info.GetMetadata()["step"] != "provision_machine" {
+		t.Errorf("the failed create's ErrorInfo = %v; want STEP_FAILED at provision_machine", info)
+	}
 	if _, err := client.ClusterOf(done); !errors.As(err, &opErr) {
 		t.Errorf("ClusterOf a failed operation = %v; want its *OperationError", err)
 	}

@@ -348,7 +348,7 @@ func killMidOperation(t *testing.T, tc crashCase, restartFlags []string) time.Du
 	if err != nil {
 		t.Fatalf("GetOperation %s: %v", opName, err)
 	}
-	operationError(t, interrupted, "server restarted")
+	operationError(t, interrupted, "server restarted", "SERVER_STOPPED")
 	checkRecoveryHistory(t, s, env.cluster, opName, tc.after, tc.repairs)
 	if c.GetState() != clv1.Cluster_DESTROYED {
 		s.convergedMissing(t, c, tc.missing)

@@ -44,7 +44,7 @@ func TestGracefulStopMidOperation(t *testing.T) {
 	if err != nil {
 		t.Fatalf("GetOperation %s: %v", op, err)
 	}
-	operationError(t, got, "server shutting down")
+	operationError(t, got, "server shutting down", "SERVER_STOPPED")
 	s.converged(t, c)
 	if c.GetState() == clv1.Cluster_ALERT {
 		startAgain(t, s, &crashEnv{cluster: cluster}, c)

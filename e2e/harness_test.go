@@ -600,7 +600,7 @@ func describeEvents(evs []*clv1.ClusterEvent) string {
 }
 
 // operationError requires op to be done with an error whose message contains want.
-func operationError(t *testing.T, op *longrunningpb.Operation, want string) {
+func operationError(t *testing.T, op *longrunningpb.Operation, want, reason string) {
 	t.Helper()
 	if !op.GetDone() {
 		t.Fatalf("interrupted operation %s is not done: %v", op.GetName(), metadata(t, op))
@@ -611,6 +611,15 @@ func operationError(t *testing.T, op *longrunningpb.Operation, want string) {
 	}
 	if !strings.Contains(e.GetMessage(), want) {
 		t.Fatalf("interrupted operation %s failed with %q (code %d); want a message containing %q", op.GetName(), e.GetMessage(), e.GetCode(), want)
+	}
+	var got string
+	for _, d := range status.FromProto(e).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			got = info.GetReason()
+		}
+	}
+	if got != reason {
+		t.Errorf("interrupted operation %s failed with ErrorInfo reason %q; want %q", op.GetName(), got, reason)
 	}
 }
 

@@ -50,7 +50,7 @@ func TestLegacyJobsHoldRecovery(t *testing.T) {
 	// The first pass fails the killed incarnation's stops; every later pass
 	// must leave both clusters to the old server's jobs.
 	for _, c := range []string{x, y} {
-		operationError(t, s.waitOp(t, stops[c]), "server restarted")
+		operationError(t, s.waitOp(t, stops[c]), "server restarted", "SERVER_STOPPED")
 	}
 	s.stillHeld(t, 5*scan, "while an older server's job names no cluster", x, y)
 

@@ -80,7 +80,7 @@ func TestPeerRecoversDeadServer(t *testing.T) {
 			if err != nil {
 				t.Fatalf("GetOperation %s: %v", op, err)
 			}
-			operationError(t, interrupted, "owner server stopped")
+			operationError(t, interrupted, "owner server stopped", "OWNER_SERVER_STOPPED")
 			checkRecoveryHistory(t, b, cluster, op, clv1.Cluster_ALERT, map[string]int{"destroy_machine": 1})
 			for _, e := range b.events(t, cluster) {
 				if e.GetEvent() == "RECOVERY_STARTED" && e.GetServer() != "e2e-b" {
@@ -200,14 +200,14 @@ func TestPeerRecoveryInterrupted(t *testing.T) {
 	if c.GetState() != clv1.Cluster_ALERT {
 		t.Errorf("after restart %s is %s, want ALERT", cluster, c.GetState())
 	}
-	for name, reason := range map[string]string{op: "owner server stopped", recovery: "server restarted"} {
+	for name, want := range map[string][2]string{op: {"owner server stopped", "OWNER_SERVER_STOPPED"}, recovery: {"server restarted", "SERVER_STOPPED"}} {
 		ctx, cancel := rpcCtx()
 		got, err := b.ops.GetOperation(ctx, &longrunningpb.GetOperationRequest{Name: name})
 		cancel()
 		if err != nil {
 			t.Fatalf("GetOperation %s: %v", name, err)
 		}
-		operationError(t, got, reason)
+		operationError(t, got, want[0], want[1])
 	}
 	// The second recovery names the first, which named the scale.
 	checkRecoveryHistory(t, b, cluster, recovery, clv1.Cluster_ALERT, map[string]int{"destroy_machine": 1})

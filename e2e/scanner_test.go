@@ -227,7 +227,7 @@ func TestRecoveringInterrupted(t *testing.T) {
 	if err != nil {
 		t.Fatalf("GetOperation %s: %v", recovery, err)
 	}
-	operationError(t, got, "server restarted")
+	operationError(t, got, "server restarted", "SERVER_STOPPED")
 	checkRecoveryHistory(t, s, cluster, recovery, clv1.Cluster_ALERT, map[string]int{"detach_iso": 3})
 	c, _ = s.waitCluster(t, cluster, "RUNNING again (reconciliation of an ALERT cluster whose machines all run)", opTimeout,
 		func(c *clv1.Cluster) bool {

@@ -22,8 +22,8 @@ const (
 // FailJobsOfDeadServers ends every IN_PROGRESS job whose owner is not alive
 // (SPEC §5): its server row is missing, carries another incarnation (the
 // process restarted), or has not heartbeaten since cutoff. Jobs of self's
-// earlier incarnations fail with reason "server restarted", the others with
-// "owner server stopped"; errJSON builds the stored error of a reason. The
+// earlier incarnations fail with the stored error restartedErr, the others
+// with stoppedErr (the caller encodes both). The
 // update is conditioned on IN_PROGRESS, so two live servers never both end a
 // job, and it never looks at a job's age.
 //
@@ -32,7 +32,7 @@ const (
 // index (what this was) takes next-key locks on every IN_PROGRESS job and
 // the gaps around them, and deadlocked on MySQL with a job finishing, which
 // holds its own row and inserts into one of those gaps as its status changes.
-func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff time.Time, errJSON func(reason string) string) (restarted, stopped int64, err error) {
+func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error) {
 	var earlier []string
 	err = s.db.WithContext(ctx).Model(&jobRow{}).
 		Where("status = ? AND server_id = ? AND server_incarnation <> ?", string(JobInProgress), self.ID, self.Incarnation).
@@ -40,7 +40,7 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff t
 	if err != nil {
 		return 0, 0, fmt.Errorf("find jobs of earlier incarnations of %s: %w", self.ID, classify(err))
 	}
-	if restarted, err = s.failJobs(ctx, earlier, errJSON("server restarted"), func(db *gorm.DB) *gorm.DB {
+	if restarted, err = s.failJobs(ctx, earlier, restartedErr, func(db *gorm.DB) *gorm.DB {
 		return db.Where("server_id = ? AND server_incarnation <> ?", self.ID, self.Incarnation)
 	}); err != nil {
 		return 0, 0, fmt.Errorf("fail jobs of earlier incarnations of %s: %w", self.ID, err)
@@ -58,7 +58,7 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff t
 	}
 	// The owner is checked again in the write: a server seen dead that
 	// heartbeat since keeps its jobs.
-	if stopped, err = s.failJobs(ctx, orphaned, errJSON("owner server stopped"), func(db *gorm.DB) *gorm.DB {
+	if stopped, err = s.failJobs(ctx, orphaned, stoppedErr, func(db *gorm.DB) *gorm.DB {
 		return db.Where("NOT EXISTS (?)", live())
 	}); err != nil {
 		return restarted, 0, fmt.Errorf("fail jobs of dead servers: %w", err)

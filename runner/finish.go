@@ -21,11 +21,11 @@ type panicError struct{ value any }
 
 func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
 
-// ending is how a job that did not succeed ends: its status, its error as a
-// google.rpc.Status, and the cause given to Task.Release.
+// ending is how a job that did not succeed ends: its status, and why (its
+// work's error, or one of the runner's Err* causes), which Config.Encode
+// turns into the stored error and Task.Release is given.
 type ending struct {
 	status repository.JobStatus
-	rpc    *spb.Status
 	cause  error
 }
 
@@ -36,25 +36,31 @@ func classify(jobCtx context.Context, deadline time.Time, err error) ending {
 	var pe *panicError
 	switch {
 	case errors.Is(err, ErrCancelled):
-		return ending{repository.JobCancelled, &spb.Status{Code: int32(codes.Canceled), Message: ErrCancelled.Error()}, err}
+		return ending{repository.JobCancelled, ErrCancelled}
 	case errors.Is(err, ErrLeaseLost):
-		return ending{repository.JobFailed, &spb.Status{Code: int32(codes.Unavailable), Message: ErrLeaseLost.Error()}, ErrLeaseLost}
+		return ending{repository.JobFailed, ErrLeaseLost}
 	case errors.As(err, &pe):
-		return ending{repository.JobFailed, &spb.Status{Code: int32(codes.Internal), Message: "internal error: " + pe.Error()}, err}
+		return ending{repository.JobFailed, err}
 	case errors.Is(jobCtx.Err(), context.DeadlineExceeded),
 		errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(deadline):
-		return ending{repository.JobFailed, &spb.Status{Code: int32(codes.DeadlineExceeded), Message: ErrDeadline.Error()}, ErrDeadline}
+		return ending{repository.JobFailed, ErrDeadline}
 	case jobCtx.Err() != nil:
 		// The job's context has no other canceller than Shutdown.
-		return ending{repository.JobFailed, &spb.Status{Code: int32(codes.Unavailable), Message: ErrShutdown.Error()}, ErrShutdown}
+		return ending{repository.JobFailed, ErrShutdown}
 	}
-	if st, ok := status.FromError(err); ok {
-		// Keep the code and the details (e.g. a google.rpc.ErrorInfo) the
-		// work chose; the message is the status's own when err is the status,
-		// or err.Error() when err wraps it.
-		return ending{repository.JobFailed, st.Proto(), err}
+	return ending{repository.JobFailed, err}
+}
+
+// EncodePlain is the stored error of a job when Config.Encode is nil: the
+// code a gRPC status error carries (UNKNOWN otherwise) and its message,
+// without details.
+func EncodePlain(cause error) string {
+	st := &spb.Status{Code: int32(codes.Unknown), Message: cause.Error()}
+	if s, ok := status.FromError(cause); ok {
+		st.Code = int32(s.Code())
 	}
-	return ending{repository.JobFailed, &spb.Status{Code: int32(codes.Unknown), Message: err.Error()}, err}
+	b, _ := protojson.Marshal(st)
+	return string(b)
 }
 
 // finish is the one place a job ends. It writes the job's end and the
@@ -87,8 +93,8 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 		}
 	} else {
 		e := classify(jobCtx, t.Job.Deadline, runErr)
-		f.Status, f.Error, cause = e.status, encodeStatus(e.rpc), e.cause
-		log.Info("job did not succeed", "status", e.status, "code", codes.Code(e.rpc.Code), "err", runErr)
+		f.Status, f.Error, cause = e.status, r.encode(e.cause), e.cause
+		log.Info("job did not succeed", "status", e.status, "cause", e.cause, "err", runErr)
 	}
 
 	backoff := 100 * time.Millisecond
@@ -166,18 +172,4 @@ func (r *Runner) release(ctx context.Context, log *slog.Logger, t Task, cause er
 		return nil, nil
 	}
 	return tr, nil
-}
-
-// encodeStatus is the job row's Error: protojson of a google.rpc.Status (see
-// the package doc).
-func encodeStatus(st *spb.Status) string {
-	b, err := protojson.Marshal(st)
-	if err != nil {
-		// Only details whose type is not linked in can fail; drop them.
-		b, err = protojson.Marshal(&spb.Status{Code: st.GetCode(), Message: st.GetMessage()})
-		if err != nil {
-			return fmt.Sprintf(`{"code":%d}`, st.GetCode())
-		}
-	}
-	return string(b)
 }

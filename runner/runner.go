@@ -126,6 +126,21 @@ var (
 	ErrLeaseLost = errors.New("server lease lost")
 )
 
+// Why a job ended that its own runner did not end: liveness fails the jobs of
+// servers that are gone (package scanner). They are the runner's vocabulary
+// too, so that every job's end is encoded by one mapping (Config.Encode).
+var (
+	// ErrServerRestarted: the job belonged to an earlier incarnation of the
+	// server that failed it (the process restarted mid-operation).
+	ErrServerRestarted = errors.New("server restarted")
+	// ErrOwnerStopped: the job's server stopped heartbeating for longer than
+	// the peer timeout; a peer failed it.
+	ErrOwnerStopped = errors.New("owner server stopped")
+	// ErrJobLost: the job's own live server no longer ran it (its end could
+	// not be recorded when it finished).
+	ErrJobLost = errors.New("its server lost track of it (the end of the job could not be recorded)")
+)
+
 // Config is what a Runner needs.
 type Config struct {
 	// Store records progress and ends jobs. Required.
@@ -148,6 +163,11 @@ type Config struct {
 	// Lease, optional, says whether this server may still act; jobs stop at
 	// their next step when it does not (see ErrLeaseLost).
 	Lease Lease
+	// Encode turns why a job did not succeed (an error of its work, or one
+	// of the Err* causes above) into the job's stored error, the protojson
+	// of a google.rpc.Status with its ErrorInfo: one mapping, the service's,
+	// for operations and RPCs alike. Nil stores the code and message only.
+	Encode func(cause error) string
 }
 
 // Lease says whether this server may still act (package lease): nil while
@@ -167,6 +187,7 @@ type Runner struct {
 	onDone        func(repository.Job)
 	finishTimeout time.Duration
 	lease         Lease
+	encode        func(error) string
 
 	// ctx is the parent of every job's context. It belongs to the runner, not
 	// to any request, and only Shutdown cancels it.
@@ -195,6 +216,10 @@ func New(cfg Config) *Runner {
 	if timeout <= 0 {
 		timeout = DefaultFinishTimeout
 	}
+	encode := cfg.Encode
+	if encode == nil {
+		encode = EncodePlain
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	finishCtx, abort := context.WithCancel(context.Background())
 	return &Runner{
@@ -203,6 +228,7 @@ func New(cfg Config) *Runner {
 		onDone:        cfg.OnDone,
 		finishTimeout: timeout,
 		lease:         cfg.Lease,
+		encode:        encode,
 		ctx:           ctx,
 		cancel:        cancel,
 		finishCtx:     finishCtx,

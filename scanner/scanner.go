@@ -26,11 +26,12 @@ import (
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
+	"github.com/clusterd/clusterd/runner"
 )
 
 // Store is the part of the repository the scanner reads and writes.
 type Store interface {
-	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, errJSON func(reason string) string) (restarted, stopped int64, err error)
+	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error)
 	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.Job, error)
 	FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error
 	OrphanCandidates(ctx context.Context) ([]repository.Cluster, error)
@@ -74,6 +75,10 @@ type Config struct {
 	// Running, optional, lists the jobs this process's runner runs; the
 	// server's own IN_PROGRESS jobs missing from it are lost and failed.
 	Running func() []string
+	// Encode, optional, is the stored error of a job liveness fails, from
+	// its cause (runner.ErrServerRestarted, ErrOwnerStopped, ErrJobLost):
+	// the service's one mapping. Nil stores code and message only.
+	Encode func(cause error) string
 	// PeerTimeout (default 6s): a server whose heartbeat is older is dead.
 	PeerTimeout time.Duration
 	// ScanInterval (default 2s): liveness and orphan recovery.
@@ -200,7 +205,7 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 // and of servers whose heartbeat is older than the peer timeout.
 func (s *Scanner) liveness(ctx context.Context, r *Report) {
 	cutoff := s.now().Add(-s.cfg.PeerTimeout)
-	restarted, stopped, err := s.cfg.Store.FailJobsOfDeadServers(ctx, s.cfg.Self, cutoff, failedJSON)
+	restarted, stopped, err := s.cfg.Store.FailJobsOfDeadServers(ctx, s.cfg.Self, cutoff, s.encode(runner.ErrServerRestarted), s.encode(runner.ErrOwnerStopped))
 	r.JobsFailed += int(restarted + stopped)
 	if err != nil {
 		r.fail(fmt.Errorf("liveness: %w", err))
@@ -245,7 +250,7 @@ func (s *Scanner) lostJobs(ctx context.Context, r *Report) {
 		if before, ok := prev[id]; !ok || !before.Equal(seen) {
 			continue
 		}
-		err := s.cfg.Store.FailJobUnchanged(ctx, id, seen, failedJSON("its server lost track of it (the end of the job could not be recorded)"))
+		err := s.cfg.Store.FailJobUnchanged(ctx, id, seen, s.encode(runner.ErrJobLost))
 		switch {
 		case err == nil:
 			r.JobsFailed++
@@ -258,11 +263,12 @@ func (s *Scanner) lostJobs(ctx context.Context, r *Report) {
 	}
 }
 
-// failedJSON is the google.rpc.Status a job failed by liveness stores
-// (UNAVAILABLE: the client may retry).
-func failedJSON(reason string) string {
-	b, _ := json.Marshal(map[string]any{"code": 14, "message": reason})
-	return string(b)
+// encode is the stored error of a job liveness ends (Config.Encode).
+func (s *Scanner) encode(cause error) string {
+	if s.cfg.Encode == nil {
+		return runner.EncodePlain(cause)
+	}
+	return s.cfg.Encode(cause)
 }
 
 // orphans recovers every cluster in an operation state, or naming a current

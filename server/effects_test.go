@@ -52,6 +52,7 @@ func fxFailed(t *testing.T, h *harness, op *longrunningpb.Operation, err error) 
 	if done.GetError() == nil {
 		t.Fatalf("operation %s succeeded; want it to fail", done.GetName())
 	}
+	opErrorInfo(t, done.GetError())
 	return done
 }
 
@@ -303,8 +304,10 @@ func TestEffect_CreateFailure(t *testing.T) {
 				fxFault(t, h, tt.step, clv1.Fault_FAIL, "", 1)
 				op, err := h.clients.clusters.CreateCluster(tctx(t), &clv1.CreateClusterRequest{Cluster: fxCluster("web", 2)})
 				done := fxFailed(t, h, op, err)
-				if !strings.Contains(done.GetError().GetMessage(), tt.step) {
-					t.Errorf("operation error %v does not name the failed step %s", done.GetError(), tt.step)
+				reason, meta := opErrorInfo(t, done.GetError())
+				if !strings.Contains(done.GetError().GetMessage(), tt.step) || reason != service.ReasonStepFailed || meta["step"] != tt.step ||
+					done.GetError().GetCode() != int32(codes.Unavailable) {
+					t.Errorf("operation error %v; want UNAVAILABLE, reason STEP_FAILED naming the failed step %s", done.GetError(), tt.step)
 				}
 				name := fxMetadata(t, done).GetCluster()
 				c := fxGet(t, h, name)
@@ -694,8 +697,8 @@ func TestEffect_OperationDeadline(t *testing.T) {
 		fxWaitHeld(t, h, c.GetName(), "provision_machine")
 		// Not released: only the deadline can end it.
 		done := fxFailed(t, h, op, nil)
-		if done.GetError().GetCode() != int32(codes.DeadlineExceeded) {
-			t.Errorf("operation error = %v; want code %d DEADLINE_EXCEEDED", done.GetError(), codes.DeadlineExceeded)
+		if reason, _ := opErrorInfo(t, done.GetError()); done.GetError().GetCode() != int32(codes.DeadlineExceeded) || reason != service.ReasonDeadlineExceeded {
+			t.Errorf("operation error = %v; want code %d DEADLINE_EXCEEDED, reason DEADLINE_EXCEEDED", done.GetError(), codes.DeadlineExceeded)
 		}
 		if got := fxGet(t, h, c.GetName()); got.GetState() != clv1.Cluster_ALERT || got.GetCurrentOperation() != "" || got.GetWorkerNodeCount() != 2 {
 			t.Errorf("after the deadline: %s with %d workers held by %q; want ALERT, still 2, released", got.GetState(), got.GetWorkerNodeCount(), got.GetCurrentOperation())

@@ -32,6 +32,7 @@ import (
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
+	"github.com/clusterd/clusterd/service"
 )
 
 // rig is a harness with the test it serves, so the rule tests read as the
@@ -142,6 +143,7 @@ func (r *rig) failed(op *longrunningpb.Operation) *spb.Status {
 	if done.GetError() == nil {
 		r.t.Fatalf("operation %s (%s) succeeded; want it to fail", op.GetName(), opMetadata(r.t, done).GetVerb())
 	}
+	opErrorInfo(r.t, done.GetError())
 	return done.GetError()
 }
 
@@ -763,7 +765,10 @@ func TestHoldTheState_FailureAfterAnotherTookTheCluster(t *testing.T) {
 				if !tc.jobEnded {
 					done := r.wait(t, a)
 					if done.GetError() == nil || !strings.Contains(done.GetError().GetMessage(), "job no longer holds the cluster") {
-						t.Errorf("A ended with %v; want it failed by the infrastructure's refusal (fenced)", done.GetError())
+						t.Fatalf("A ended with %v; want it failed by the infrastructure's refusal (fenced)", done.GetError())
+					}
+					if reason, _ := opErrorInfo(t, done.GetError()); reason != service.ReasonLostClaim || done.GetError().GetCode() != int32(codes.Aborted) {
+						t.Errorf("A's error %v; want ABORTED, reason LOST_CLAIM", done.GetError())
 					}
 				}
 				r.untilJobStops(operationUUID(a.GetName()))
@@ -1416,8 +1421,8 @@ func TestCancel_StopsAtNextStep(t *testing.T) {
 		}
 		r.let(f)
 		st := r.failed(op)
-		if st.GetCode() != int32(codes.Canceled) {
-			t.Errorf("cancelled operation's error = %v; want code 1 CANCELLED", st)
+		if reason, _ := opErrorInfo(t, st); st.GetCode() != int32(codes.Canceled) || reason != service.ReasonCancelled {
+			t.Errorf("cancelled operation's error = %v; want code 1 CANCELLED, reason CANCELLED", st)
 		}
 		done := r.wait(t, op)
 		if md := opMetadata(t, done); !md.GetRequestedCancellation() || md.GetEndTime() == nil {

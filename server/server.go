@@ -181,7 +181,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 
 	s.ops = service.NewOperations(s.store)
-	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.metrics.jobDone(s.ops.Notify), Lease: s.lease})
+	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.metrics.jobDone(s.ops.Notify), Lease: s.lease,
+		Encode: service.EncodeJobError})
 	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
 	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
@@ -190,6 +191,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	s.scanner = scanner.New(scanner.Config{
 		Store: s.store, Recoverer: s.metrics.recoverer(s.clusters), Infra: s.sim, Self: s.self, Lease: s.lease, Running: s.runner.Running,
+		Encode: service.EncodeJobError,
 		PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})

@@ -15,6 +15,7 @@ import (
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -27,6 +28,7 @@ import (
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
+	"github.com/clusterd/clusterd/service"
 )
 
 // harness is a real clusterd server on free ports, a gRPC client connected
@@ -173,6 +175,20 @@ func errorInfo(t *testing.T, err error) (codes.Code, string, *errdetails.BadRequ
 		t.Errorf("error %v carries no google.rpc.ErrorInfo", err)
 	}
 	return st.Code(), reason, br
+}
+
+// opErrorInfo returns the reason and metadata of a failed operation's
+// ErrorInfo, failing the test if it carries none: every failed or cancelled
+// operation's error must, as every RPC error does.
+func opErrorInfo(t *testing.T, st *spb.Status) (string, map[string]string) {
+	t.Helper()
+	for _, d := range status.FromProto(st).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == service.Domain {
+			return info.GetReason(), info.GetMetadata()
+		}
+	}
+	t.Errorf("operation error %v carries no google.rpc.ErrorInfo of domain %s", st, service.Domain)
+	return "", nil
 }
 
 func TestServicesAreListedByReflection(t *testing.T) {

@@ -7,7 +7,9 @@ import (
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"github.com/google/uuid"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -107,6 +109,32 @@ func toEvent(e repository.Event) *clv1.ClusterEvent {
 	}
 }
 
+// jobError is a failed or cancelled job's error as the client sees it: the
+// stored google.rpc.Status, given an ErrorInfo when it has none (rows written
+// before every end was encoded by EncodeJobError, or by the plain encoder).
+func jobError(j repository.Job) *spb.Status {
+	st := &spb.Status{}
+	if err := protojson.Unmarshal([]byte(j.Error), st); err != nil || st.Code == 0 {
+		st = &spb.Status{Code: int32(codes.Unknown), Message: fmt.Sprintf("operation ended %s: %s", j.Status, Clip(j.Error))}
+		if j.Status == repository.JobCancelled {
+			st.Code = int32(codes.Canceled)
+		}
+	}
+	for _, d := range st.GetDetails() {
+		if d.MessageIs(&errdetails.ErrorInfo{}) {
+			return st
+		}
+	}
+	reason := codeReason(codes.Code(st.GetCode()))
+	if j.Status == repository.JobCancelled {
+		reason = ReasonCancelled
+	}
+	if info, err := anypb.New(&errdetails.ErrorInfo{Reason: reason, Domain: Domain}); err == nil {
+		st.Details = append(st.Details, info)
+	}
+	return st
+}
+
 // toOperation presents a job as a google.longrunning.Operation. The job's
 // Result is the protojson of a google.protobuf.Any (the response) and its
 // Error the protojson of a google.rpc.Status; rows that cannot be decoded are
@@ -144,11 +172,7 @@ func toOperation(j repository.Job) (*longrunningpb.Operation, error) {
 		}
 		op.Result = &longrunningpb.Operation_Response{Response: resp}
 	default:
-		st := &spb.Status{}
-		if err := protojson.Unmarshal([]byte(j.Error), st); err != nil || st.Code == 0 {
-			st = &spb.Status{Code: 2, Message: fmt.Sprintf("operation ended %s: %s", j.Status, j.Error)}
-		}
-		op.Result = &longrunningpb.Operation_Error{Error: st}
+		op.Result = &longrunningpb.Operation_Error{Error: jobError(j)}
 	}
 	return op, nil
 }

@@ -109,12 +109,12 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 	o.expect(missing + stopped + 1 + (unjoined + missing) + 1 + 2*(unjoined+missing))
 	for _, w := range want {
 		for i := have[w.role]; i < w.count; i++ {
-			if err := o.step(ctx, infra.StepProvisionMachine); err != nil {
-				return "", err
-			}
 			id := machineID(o.job.ID, fmt.Sprintf("%s-%d", w.role, i))
-			m, err := s.infra.ProvisionMachine(ctx, o.call(id), id, w.role, c.Spec.ServiceOffering, c.Spec.KubernetesVersion)
-			if err != nil {
+			var m infra.Machine
+			if err := o.do(ctx, infra.StepProvisionMachine, func() (err error) {
+				m, err = s.infra.ProvisionMachine(ctx, o.call(id), id, w.role, c.Spec.ServiceOffering, c.Spec.KubernetesVersion)
+				return err
+			}); err != nil {
 				return "", err
 			}
 			machines = append(machines, m)
@@ -138,10 +138,10 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 			}
 		}
 	}
-	if err := o.step(ctx, infra.StepWaitAPI); err != nil {
-		return "", err
-	}
-	if endpoint, err = s.infra.WaitAPI(ctx, o.call("")); err != nil {
+	if err := o.do(ctx, infra.StepWaitAPI, func() (err error) {
+		endpoint, err = s.infra.WaitAPI(ctx, o.call(""))
+		return err
+	}); err != nil {
 		return "", err
 	}
 	for _, m := range machines {

@@ -7,12 +7,16 @@ import (
 	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/clusterd/clusterd/auth"
+	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
+	"github.com/clusterd/clusterd/runner"
 )
 
 // Domain is the google.rpc.ErrorInfo domain of every clusterd error.
@@ -45,6 +49,62 @@ const (
 	ReasonMethodNotAllowed = "METHOD_NOT_ALLOWED"
 	ReasonRequestTooLarge  = "REQUEST_TOO_LARGE"
 )
+
+// Reasons of a failed or cancelled operation's error (Operation.error): why
+// the operation ended without success, stable like the others.
+const (
+	// ReasonStepFailed: an infrastructure step failed (metadata "step").
+	ReasonStepFailed = "STEP_FAILED"
+	// ReasonCancelled: CancelOperation was honoured at a step (CANCELLED).
+	ReasonCancelled = "CANCELLED"
+	// ReasonDeadlineExceeded: the operation ran past its deadline.
+	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
+	// ReasonServerStopped: the server running the operation shut down or
+	// restarted mid-operation (UNAVAILABLE: send it again).
+	ReasonServerStopped = "SERVER_STOPPED"
+	// ReasonOwnerServerStopped: the server running the operation stopped
+	// heartbeating; a peer ended it.
+	ReasonOwnerServerStopped = "OWNER_SERVER_STOPPED"
+	// ReasonLostClaim: the operation no longer held its cluster (another
+	// operation or recovery took it, or its server lost its lease), so it
+	// stopped without touching the cluster again.
+	ReasonLostClaim = "LOST_CLAIM"
+	// ReasonJobLost: the operation's own server lost track of it (its end
+	// could not be recorded); the scanner ended it.
+	ReasonJobLost = "JOB_LOST"
+)
+
+// StepError is an infrastructure step that failed, so the operation's error
+// names the step (ErrorInfo metadata "step").
+type StepError struct {
+	Step string
+	Err  error
+}
+
+// Error names the step.
+func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
+
+// Unwrap exposes the infrastructure's error (infra.ErrFenced, ...).
+func (e *StepError) Unwrap() error { return e.Err }
+
+// EncodeJobError is the stored error of a job that did not succeed: the
+// protojson of the google.rpc.Status that Status maps its cause to, with the
+// same ErrorInfo an RPC error carries. The runner and the scanner store it;
+// GetOperation and WaitOperation return it as the operation's error.
+func EncodeJobError(cause error) string {
+	st := Status(cause)
+	if (st.Code() == codes.Canceled || st.Code() == codes.DeadlineExceeded) &&
+		!errors.Is(cause, runner.ErrCancelled) && !errors.Is(cause, runner.ErrDeadline) {
+		// A job's work runs on no client's request: a context error there
+		// is not a cancellation or deadline the client asked for.
+		st = build(codes.Internal, "internal error", ReasonInternal, nil)
+	}
+	b, err := protojson.Marshal(st.Proto())
+	if err != nil {
+		b, _ = protojson.Marshal(&spb.Status{Code: int32(codes.Internal), Message: "internal error"})
+	}
+	return string(b)
+}
 
 // StatusWithReason builds a status for a refusal the server makes outside
 // any handler (the REST gateway's routing), with its ErrorInfo.
@@ -160,8 +220,30 @@ func Status(err error) *status.Status {
 		exists     *AlreadyExistsError
 		conflict   *repository.ConflictError
 		header     *auth.HeaderError
+		step       *StepError
 	)
 	switch {
+	// Why an operation ended without success (the job's stored error).
+	case errors.Is(err, infra.ErrFenced), errors.Is(err, errNotHeld):
+		return build(codes.Aborted, "the operation no longer held its cluster and stopped: "+err.Error(), ReasonLostClaim, nil)
+	case errors.Is(err, runner.ErrLeaseLost):
+		return build(codes.Unavailable, "the operation's server lost its lease (peers may recover its cluster); please retry", ReasonLostClaim, nil)
+	case errors.Is(err, runner.ErrCancelled):
+		return build(codes.Canceled, runner.ErrCancelled.Error(), ReasonCancelled, nil)
+	case errors.Is(err, runner.ErrDeadline):
+		return build(codes.DeadlineExceeded, runner.ErrDeadline.Error(), ReasonDeadlineExceeded, nil)
+	case errors.Is(err, runner.ErrShutdown):
+		return build(codes.Unavailable, runner.ErrShutdown.Error()+"; please retry", ReasonServerStopped, nil)
+	case errors.Is(err, runner.ErrServerRestarted):
+		return build(codes.Unavailable, runner.ErrServerRestarted.Error()+" mid-operation; please retry", ReasonServerStopped, nil)
+	case errors.Is(err, runner.ErrOwnerStopped):
+		return build(codes.Unavailable, runner.ErrOwnerStopped.Error()+" mid-operation; please retry", ReasonOwnerServerStopped, nil)
+	case errors.Is(err, runner.ErrJobLost):
+		return build(codes.Unavailable, "the operation ended: "+runner.ErrJobLost.Error()+"; please retry", ReasonJobLost, nil)
+	case errors.As(err, &step) && !errors.Is(err, repository.ErrUnavailable):
+		return build(codes.Unavailable, fmt.Sprintf("step %s failed: %s", step.Step, Clip(step.Err.Error())), ReasonStepFailed,
+			map[string]string{"step": step.Step})
+	// Errors of requests.
 	case errors.Is(err, auth.ErrNoCredentials):
 		return build(codes.Unauthenticated, err.Error(), ReasonCredentialsMissing, nil)
 	case errors.Is(err, auth.ErrBadCredentials):

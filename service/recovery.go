@@ -93,11 +93,11 @@ func (s *Clusters) RecoverAlert(ctx context.Context, c repository.Cluster) error
 		// A create that failed after its nodes joined never got its API,
 		// kubeconfig and provider: finish it as a start would.
 		o.expect(1)
-		if err := o.step(ctx, infra.StepWaitAPI); err != nil {
-			return ch, err
-		}
-		endpoint, err := s.infra.WaitAPI(ctx, o.call(""))
-		if err != nil {
+		var endpoint string
+		if err := o.do(ctx, infra.StepWaitAPI, func() (err error) {
+			endpoint, err = s.infra.WaitAPI(ctx, o.call(""))
+			return err
+		}); err != nil {
 			return ch, err
 		}
 		if err := o.finishUp(ctx, c); err != nil {

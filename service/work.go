@@ -7,7 +7,6 @@ import (
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"github.com/google/uuid"
-	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -87,8 +86,8 @@ func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc
 	if err := s.runner.Start(task); err != nil {
 		s.log.Warn("could not start job; failing it", "job", job.ID, "error", err)
 		t, _, _ := o.release(ctx, o.failEvent, repository.Changes{}, "server shutting down")
-		msg, _ := protojson.Marshal(&spb.Status{Code: 14, Message: "server shutting down; please retry"})
-		if _, ferr := s.store.FinishJob(context.WithoutCancel(ctx), repository.Finish{JobID: job.ID, Status: repository.JobFailed, Error: string(msg), Release: t}); ferr != nil && !errors.Is(ferr, repository.ErrNotHeld) {
+		if _, ferr := s.store.FinishJob(context.WithoutCancel(ctx), repository.Finish{JobID: job.ID, Status: repository.JobFailed,
+			Error: EncodeJobError(runner.ErrShutdown), Release: t}); ferr != nil && !errors.Is(ferr, repository.ErrNotHeld) {
 			s.log.Error("could not fail a job that did not start", "job", job.ID, "error", ferr)
 		}
 		return nil, fmt.Errorf("start %s: %w", job.Kind, errShuttingDown)
@@ -127,11 +126,14 @@ func (o *op) do(ctx context.Context, name string, call func() error) error {
 		return err
 	}
 	err := call()
+	if err == nil {
+		return nil
+	}
 	if errors.Is(err, infra.ErrFenced) {
 		o.s.log.Warn("infrastructure refused a step: this operation no longer holds its cluster", "job", o.job.ID,
 			"cluster", o.job.ResourceID, "step", name, "error", err)
 	}
-	return err
+	return &StepError{Step: name, Err: err}
 }
 
 // call identifies the operation to the infrastructure: the job is the

