@@ -191,7 +191,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	s.scanner = scanner.New(scanner.Config{
 		Store: s.store, Recoverer: s.metrics.recoverer(s.clusters), Infra: s.sim, Self: s.self, Lease: s.lease, Running: s.runner.Running,
-		Encode: service.EncodeJobError,
+		Encode:      service.EncodeJobError,
 		PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})
