@@ -15,15 +15,26 @@ import (
 )
 
 // The contract suite: every test runs against every backend (SQLite and real
-// MariaDB), never against a mock, because compare-and-set is exactly the
-// behaviour a mock would fake.
+// MariaDB, and a MariaDB Galera cluster when make test could start one),
+// never against a mock, because compare-and-set is exactly the behaviour a
+// mock would fake.
 func forEachBackend(t *testing.T, fn func(t *testing.T, s *repository.Store)) {
 	t.Helper()
-	for _, b := range repotest.Backends(t) {
+	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			fn(t, repotest.Open(t, b))
 		})
 	}
+}
+
+// backends are SQLite, MariaDB and, when make test started one, Galera.
+func backends(t *testing.T) []repotest.Backend {
+	t.Helper()
+	bs := repotest.Backends(t)
+	if g, ok := repotest.Galera(t); ok {
+		bs = append(bs, g)
+	}
+	return bs
 }
 
 var spec = repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 2, ServiceOffering: "medium"}
@@ -140,7 +151,7 @@ func TestIdenticalHeartbeatIsNotSuperseded(t *testing.T) {
 	// With a frozen clock the heartbeat writes the value already stored. MySQL
 	// without clientFoundRows reports 0 rows for that, which would look like
 	// another process took the server id.
-	for _, b := range repotest.Backends(t) {
+	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			frozen := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return frozen }))
@@ -573,7 +584,7 @@ func TestListClustersPagesAndFilters(t *testing.T) {
 }
 
 func TestMigrationsAreIdempotent(t *testing.T) {
-	for _, b := range repotest.Backends(t) {
+	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			dsn := b.NewDSN(t)
 			for i := range 2 {

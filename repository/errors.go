@@ -85,6 +85,10 @@ var mysqlUnavailable = map[uint16]bool{
 	1053: true, // server shutdown in progress
 	1317: true, // query execution was interrupted (a shutdown kills queries)
 	1927: true, // connection was killed (MariaDB, at shutdown)
+	// A Galera node outside the primary component refuses every statement
+	// ("WSREP has not yet prepared node for application use"); another
+	// node, or this one once it rejoins, can do it.
+	1047: true,
 }
 
 // classify turns driver errors into the package's sentinels so that no caller

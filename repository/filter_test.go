@@ -15,7 +15,7 @@ import (
 // backends: comparisons of each field type, AND, OR, NOT, nesting, times
 // ordered at microsecond precision, and values that look like SQL.
 func TestListFilters(t *testing.T) {
-	for _, b := range repotest.Backends(t) {
+	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			// A clock that moves one second per row written, from a known
 			// instant, so create_time is predictable.

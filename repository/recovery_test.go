@@ -26,7 +26,7 @@ func claimOn(t *testing.T, s *repository.Store, name string, srv repository.Serv
 }
 
 func TestFailJobsOfDeadServers(t *testing.T) {
-	for _, b := range repotest.Backends(t) {
+	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 			clock := func() time.Time { return now }
@@ -75,7 +75,7 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 }
 
 func TestOwnJobsAndFailJobUnchanged(t *testing.T) {
-	for _, b := range repotest.Backends(t) {
+	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
@@ -139,7 +139,7 @@ func TestOrphanCandidatesAndUnheldClusters(t *testing.T) {
 }
 
 func TestPurgeJobsKeepsHeldAndRecent(t *testing.T) {
-	for _, b := range repotest.Backends(t) {
+	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))

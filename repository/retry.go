@@ -67,7 +67,10 @@ func (s *Store) retrying(ctx context.Context, op func() error) error {
 // once: it must reset whatever it records outside the database.
 func (s *Store) transaction(ctx context.Context, fn func(tx *gorm.DB) error) error {
 	return s.retrying(ctx, func() error {
-		return s.db.WithContext(ctx).Transaction(fn)
+		// Classified, so that a COMMIT that fails (Galera's certification
+		// failure is a 1213 at COMMIT) is a lock conflict, run again, like
+		// a deadlock inside the transaction.
+		return classify(s.db.WithContext(ctx).Transaction(fn))
 	})
 }
 

@@ -9,12 +9,17 @@
 #   scripts/galera.sh status       each node's wsrep state
 #   scripts/galera.sh dsn N        the DSN of node N (1-3) for clusterd
 #   scripts/galera.sh kill N       SIGKILL node N (fault injection)
-#   scripts/galera.sh start-node N start node N again; it rejoins by IST
+#   scripts/galera.sh start-node N start node N again and wait until it is
+#                                  synced in a primary component (a node that
+#                                  lost its peers regains one once enough of
+#                                  them are back: start those together)
 #   scripts/galera.sh destroy      stop and delete every node's data
 #
-# Nodes listen on 127.0.0.1: SQL on GALERA_PORT+N (default 4306+N), group
-# communication on 14566+2N, IST on 14567+2N, SST on 14666+N. Data lives under
-# GALERA_DIR (default /tmp/clusterd-galera), owned by the mysql user: the rsync
+# Nodes listen on 127.0.0.1: with GALERA_PORT=P (default 4306), SQL on P+N,
+# group communication on P+10260+2N, IST on P+10261+2N, SST on P+10360+N, so
+# clusters with other GALERA_PORT and GALERA_DIR can run side by side (tests
+# that kill nodes start their own). Data lives under GALERA_DIR (default
+# /tmp/clusterd-galera), owned by the mysql user: the rsync
 # SST daemon runs as mysql and cannot read root-owned data directories. Every
 # mariadbd runs with --no-defaults, so the machine's own MariaDB
 # configuration (and server on 3306) is untouched.
@@ -35,9 +40,9 @@ user=clusterd
 password=clusterd
 
 sql_port() { echo $((base_port + $1)); }
-gcomm_port() { echo $((14566 + 2 * $1)); }
-ist_port() { echo $((14567 + 2 * $1)); }
-sst_port() { echo $((14666 + $1)); }
+gcomm_port() { echo $((base_port + 10260 + 2 * $1)); }
+ist_port() { echo $((base_port + 10261 + 2 * $1)); }
+sst_port() { echo $((base_port + 10360 + $1)); }
 data() { echo "$dir/node$1"; }
 sock() { echo "$(data "$1")/mysqld.sock"; }
 log() { echo "galera: $*" >&2; }
@@ -97,18 +102,19 @@ wait_sql() {
 
 status_var() { client "$1" -e "SHOW STATUS LIKE '$2'" 2>/dev/null | awk '{print $2}'; }
 
-# wait_synced N waits until node N is Synced in a primary component of 3.
+# wait_synced N [SIZE] waits until node N is Synced in a primary component
+# (of SIZE nodes, when given).
 wait_synced() {
-	local n=$1
+	local n=$1 size=${2:-}
 	for _ in $(seq 900); do
 		if [ "$(status_var "$n" wsrep_local_state_comment)" = Synced ] &&
 			[ "$(status_var "$n" wsrep_cluster_status)" = Primary ] &&
-			[ "$(status_var "$n" wsrep_cluster_size)" = 3 ]; then
+			{ [ -z "$size" ] || [ "$(status_var "$n" wsrep_cluster_size)" = "$size" ]; }; then
 			return 0
 		fi
 		sleep 0.1
 	done
-	log "node $n is not synced in a cluster of 3; its log:"
+	log "node $n is not synced in a primary component${size:+ of $size}; its log:"
 	tail -30 "$(data "$n")/error.log" >&2
 	return 1
 }
@@ -182,7 +188,7 @@ start() {
 	done
 	for n in 1 2 3; do
 		wait_sql "$n"
-		wait_synced "$n"
+		wait_synced "$n" 3
 	done
 	log "3 nodes synced: $(for n in 1 2 3; do printf '%s ' "$(dsn "$n")"; done)"
 }
@@ -191,6 +197,10 @@ stop() {
 	# Joiners first, so the last to stop can bootstrap the next start.
 	for n in 3 2 1; do
 		stop_node "$n"
+	done
+	# A node still starting has no pid file yet: its data folder names it.
+	for n in 1 2 3; do
+		pkill -KILL -f -- "--datadir=$(data "$n") " 2>/dev/null || true
 	done
 }
 

@@ -6,6 +6,11 @@
 // mysql://clusterd:clusterd@127.0.0.1:3306/test, the user that
 // scripts/mariadb-setup.sh creates). When it does not answer, the MySQL half
 // is skipped with a loud message, or fails when CI is set.
+//
+// A MariaDB Galera cluster (scripts/galera.sh, which make test starts) is a
+// third backend for the tests that ask for it (Galera): its nodes come from
+// CLUSTERD_TEST_GALERA_DSNS, one DSN a node, comma-separated; unset, those
+// tests are skipped with a loud message, or fail when CI is set.
 package repotest
 
 import (
@@ -36,6 +41,100 @@ type Backend struct {
 	// NewDSN returns the DSN of a fresh, empty database that is dropped when
 	// the test ends.
 	NewDSN func(t testing.TB) string
+	// NodeDSNs, set for a multi-primary backend (Galera), returns the DSNs
+	// of one fresh database on every node, so a test can write to it
+	// through several primaries at once.
+	NodeDSNs func(t testing.TB) []string
+}
+
+// Galera returns the Galera backend when CLUSTERD_TEST_GALERA_DSNS names
+// reachable nodes; otherwise it logs a loud banner (fails under CI) and
+// returns false.
+func Galera(t testing.TB) (Backend, bool) {
+	t.Helper()
+	raw := os.Getenv("CLUSTERD_TEST_GALERA_DSNS")
+	var nodes []*url.URL
+	var problem error
+	for _, d := range strings.Split(raw, ",") {
+		if d = strings.TrimSpace(d); d == "" {
+			continue
+		}
+		u, err := url.Parse(d)
+		if err != nil {
+			problem = fmt.Errorf("CLUSTERD_TEST_GALERA_DSNS: %w", err)
+			break
+		}
+		if err := ping(u); err != nil {
+			problem = fmt.Errorf("node %s: %w", u.Host, err)
+			break
+		}
+		nodes = append(nodes, u)
+	}
+	if problem == nil && len(nodes) < 2 {
+		problem = fmt.Errorf("CLUSTERD_TEST_GALERA_DSNS names %d nodes; want at least 2 (scripts/galera.sh start, as make test does)", len(nodes))
+	}
+	if problem != nil {
+		msg := fmt.Sprintf("\n"+
+			"!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"+
+			"!! MariaDB Galera is not available: %v\n"+
+			"!! The Galera half of this test is NOT running. make test starts a 3-node\n"+
+			"!! cluster with scripts/galera.sh.\n"+
+			"!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!", problem)
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Log(msg)
+		return Backend{}, false
+	}
+	nodeDSNs := func(t testing.TB) []string {
+		t.Helper()
+		// The database is created on one node; Galera replicates the DDL.
+		first := mysqlDSN(t, nodes[0])
+		name := strings.TrimPrefix(mustParse(t, first).Path, "/")
+		out := []string{first}
+		for _, n := range nodes[1:] {
+			u := *n
+			u.Path = "/" + name
+			// The other nodes apply the CREATE DATABASE as the first
+			// returns: wait until each has it (bounded).
+			deadline := time.Now().Add(30 * time.Second)
+			for ping(&u) != nil {
+				if time.Now().After(deadline) {
+					t.Fatalf("database %s not on galera node %s after 30s: %v", name, u.Host, ping(&u))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			out = append(out, u.String())
+		}
+		return out
+	}
+	return Backend{
+		Name:     "galera",
+		NewDSN:   func(t testing.TB) string { return nodeDSNs(t)[0] },
+		NodeDSNs: nodeDSNs,
+	}, true
+}
+
+func mustParse(t testing.TB, raw string) *url.URL {
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// ping checks that the server at u answers a statement in u's database (a
+// Galera node out of the primary component answers pings, not statements).
+func ping(u *url.URL) error {
+	db, err := sql.Open("mysql", driverDSN(u, u.Path))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = db.ExecContext(ctx, "SELECT 1")
+	return err
 }
 
 // Backends returns SQLite, and MySQL when it is reachable (see package doc).
