@@ -19,7 +19,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/clusterd/clusterd/version.version=$(VERSION) -X github.com/clusterd/clusterd/version.commit=$(COMMIT)
 
-.PHONY: all tools generate check-generated lint build run test fuzz chaos mariadb chromium bench clean clients
+.PHONY: all tools generate check-generated lint build run test fuzz chaos chaos-galera mariadb chromium bench clean clients
 
 all: lint build test
 
@@ -111,6 +111,15 @@ clients: build tools
 chaos:
 	set -o pipefail; CLUSTERD_CHAOS_DURATION=$${CLUSTERD_CHAOS_DURATION:-5m} \
 	  go test -count=1 -timeout 30m -run '^TestChaos$$' -v ./e2e 2>&1 | grep -vE '^\s*=== (RUN|PAUSE|CONT)'
+
+## chaos-galera: the cross-primary races at 1,000 rounds on a 3-node Galera
+## cluster (scripts/galera.sh), through the repository and through two servers.
+chaos-galera: build
+	bash scripts/galera.sh start
+	set -o pipefail; CLUSTERD_TEST_GALERA_DSNS=$$(for n in 1 2 3; do bash scripts/galera.sh dsn $$n; done | paste -sd,) \
+	CLUSTERD_GALERA_RACE_ROUNDS=$${CLUSTERD_GALERA_RACE_ROUNDS:-1000} \
+	  go test -count=1 -timeout 60m -run '^(TestClaimRaceAcrossNodes|TestCrossPrimaryRaces|TestGaleraNodeOutOfPrimary)$$' -v ./repository ./e2e 2>&1 \
+	  | grep -E '^(ok|FAIL|---|\s+\S+_test.go)'
 
 ## bench: benchmarks (ratios against a baseline measured in the same run).
 bench: mariadb
