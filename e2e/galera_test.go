@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -29,14 +27,7 @@ func TestCrossPrimaryRaces(t *testing.T) {
 	if !ok {
 		return
 	}
-	rounds := 100
-	if v := os.Getenv("CLUSTERD_GALERA_RACE_ROUNDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("CLUSTERD_GALERA_RACE_ROUNDS=%q: want a positive number", v)
-		}
-		rounds = n
-	}
+	rounds := repotest.GaleraRounds(t, 100)
 	dsns := b.NodeDSNs(t)
 	servers := []*server{
 		startServer(t, dsns[0], "e2e-galera-1", "--reconcile-interval", "1h"),

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -26,14 +24,7 @@ func TestClaimRaceAcrossNodes(t *testing.T) {
 	if !ok {
 		return
 	}
-	rounds := 300
-	if v := os.Getenv("CLUSTERD_GALERA_RACE_ROUNDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("CLUSTERD_GALERA_RACE_ROUNDS=%q: want a positive number", v)
-		}
-		rounds = n
-	}
+	rounds := repotest.GaleraRounds(t, 300)
 	ctx := ctxT(t)
 	var stores []*repository.Store
 	for i, dsn := range b.NodeDSNs(t) {

@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,21 @@ func Galera(t testing.TB) (Backend, bool) {
 		NewDSN:   func(t testing.TB) string { return nodeDSNs(t)[0] },
 		NodeDSNs: nodeDSNs,
 	}, true
+}
+
+// GaleraRounds is how many rounds a Galera race test runs:
+// CLUSTERD_GALERA_RACE_ROUNDS, or def (make chaos-galera sets 1000).
+func GaleraRounds(t testing.TB, def int) int {
+	t.Helper()
+	v := os.Getenv("CLUSTERD_GALERA_RACE_ROUNDS")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("CLUSTERD_GALERA_RACE_ROUNDS=%q: want a positive number", v)
+	}
+	return n
 }
 
 func mustParse(t testing.TB, raw string) *url.URL {
