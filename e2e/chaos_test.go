@@ -54,11 +54,8 @@ import (
 // a kill every ~20s).
 func TestChaos(t *testing.T) {
 	d := 40 * time.Second
-	if v := os.Getenv("CLUSTERD_CHAOS_DURATION"); v != "" {
-		var err error
-		if d, err = time.ParseDuration(v); err != nil {
-			t.Fatalf("CLUSTERD_CHAOS_DURATION=%q: %v", v, err)
-		}
+	if v := getenvDuration(t, "CLUSTERD_CHAOS_DURATION"); v > 0 {
+		d = v
 	}
 	long := d >= 2*time.Minute
 	if !long {
@@ -83,7 +80,25 @@ func TestChaos(t *testing.T) {
 	c.report()
 }
 
+// getenvDuration reads a duration from the environment (0 when unset).
+func getenvDuration(t *testing.T, name string) time.Duration {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return d
+}
+
 type chaosConfig struct {
+	// galera spreads the servers over the three nodes of a private Galera
+	// cluster, whose fault is a node killed and rejoined, instead of one
+	// private MariaDB restarted.
+	galera      bool
 	duration    time.Duration
 	clusters    int
 	clients     int
@@ -98,8 +113,7 @@ type chaosConfig struct {
 type chaos struct {
 	t    *testing.T
 	cfg  chaosConfig
-	db   *privateMariaDB
-	dsn  string
+	db   chaosDatabase
 	repo *repository.Store
 	raw  *sql.DB // reads the checker makes that the repository has no query for
 
@@ -150,15 +164,18 @@ type recoveryTime struct {
 
 func newChaos(t *testing.T, cfg chaosConfig) *chaos {
 	c := &chaos{t: t, cfg: cfg, accepted: map[string]string{}, refused: map[string]int{}, figures: map[string]int{}, failures: map[string]int{}}
-	c.db = startPrivateMariaDB(t)
-	c.dsn = c.db.newDatabase("chaos")
+	if cfg.galera {
+		c.db = newChaosGalera(t)
+	} else {
+		c.db = newChaosMariaDB(t)
+	}
 	var err error
-	c.repo, err = repository.Open(context.Background(), c.dsn)
+	c.repo, err = repository.Open(context.Background(), c.db.dsnFor(0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.repo.Close() })
-	c.raw = c.db.sqlDB("chaos")
+	c.raw = c.db.raw()
 	for i := range cfg.servers {
 		s := &slot{i: i, grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
 		c.slots = append(c.slots, s)
@@ -183,7 +200,7 @@ func (c *chaos) launch(s *slot) {
 	c.t.Helper()
 	s.launches++
 	log := filepath.Join(c.t.TempDir(), fmt.Sprintf("clusterd-%d-%d.log", s.i, s.launches))
-	args := append([]string{"--database", c.dsn}, c.cfg.flags...)
+	args := append([]string{"--database", c.db.dsnFor(s.i)}, c.cfg.flags...)
 	srv, err := spawnAt(c.t, fmt.Sprintf("slot%d", s.i), args, s.grpcAddr, s.httpAddr, log)
 	if err != nil {
 		c.t.Fatal(err)
@@ -373,12 +390,12 @@ func (c *chaos) monkey(ctx context.Context, rng *rand.Rand) {
 			}()
 		case !dbAt.IsZero() && now.After(dbAt):
 			dbAt = time.Time{}
-			down := c.db.restart()
+			what, down := c.db.fault()
 			c.mu.Lock()
 			c.dbRestarts++
 			c.dbDown = append(c.dbDown, down)
 			c.mu.Unlock()
-			c.t.Logf("chaos: MariaDB restarted (down %s)", down.Round(time.Millisecond))
+			c.t.Logf("chaos: %s (down %s)", what, down.Round(time.Millisecond))
 		case now.After(nextKill):
 			nextKill = now.Add(c.cfg.killEvery/2 + time.Duration(rng.Int64N(int64(c.cfg.killEvery))))
 			var live []*slot
@@ -815,9 +832,13 @@ func (c *chaos) report() {
 		byVerb[v]++
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nchaos soak: %s, %d processes on one MariaDB, %d clients, %d clusters\n", c.cfg.duration, c.cfg.servers, c.cfg.clients, c.cfg.clusters)
+	where, fault := "one MariaDB", "MariaDB restart"
+	if c.cfg.galera {
+		where, fault = "the 3 nodes of a Galera cluster", "Galera node killed and rejoined"
+	}
+	fmt.Fprintf(&b, "\nchaos soak: %s, %d processes on %s, %d clients, %d clusters\n", c.cfg.duration, c.cfg.servers, where, c.cfg.clients, c.cfg.clusters)
 	fmt.Fprintf(&b, "  operations accepted: %d %v; refused: %v; sent again after UNAVAILABLE: %d\n", len(c.accepted), byVerb, c.refused, c.retries.Load())
-	fmt.Fprintf(&b, "  chaos: %d SIGKILL+restart, %d SIGSTOP (> peer timeout %s), %d MariaDB restart (down %v)\n", c.kills, c.stops, c.cfg.peerTimeout, c.dbRestarts, roundAll(c.dbDown))
+	fmt.Fprintf(&b, "  chaos: %d SIGKILL+restart, %d SIGSTOP (> peer timeout %s), %d %s (down %v)\n", c.kills, c.stops, c.cfg.peerTimeout, c.dbRestarts, fault, roundAll(c.dbDown))
 	var names []string
 	for k := range c.figures {
 		names = append(names, k)
