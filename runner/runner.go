@@ -59,6 +59,9 @@ type Store interface {
 	// FinishJob ends an IN_PROGRESS job and releases its cluster in one
 	// transaction.
 	FinishJob(ctx context.Context, f repository.Finish) (repository.Job, error)
+	// HandOffJob lets go of a running job, still IN_PROGRESS and holding its
+	// cluster, for another server to adopt (Config.HandOff).
+	HandOffJob(ctx context.Context, h repository.HandOff) (repository.Job, error)
 }
 
 // Task is one claimed job and the work to do for it. The claim must have
@@ -148,6 +151,13 @@ type Config struct {
 	// Lease, optional, says whether this server may still act; jobs stop at
 	// their next step when it does not (see ErrLeaseLost).
 	Lease Lease
+	// HandOff makes a job interrupted by Shutdown or by the loss of the
+	// lease hand itself off (Store.HandOffJob) at the step boundary where it
+	// stopped, instead of failing: it stays IN_PROGRESS, holding its
+	// cluster, for a live server to adopt and run on (SPEC §5 step 4).
+	// Without it such a job ends FAILED (UNAVAILABLE) and its cluster is
+	// released to the failure state.
+	HandOff bool
 }
 
 // Lease says whether this server may still act (package lease): nil while
@@ -167,6 +177,7 @@ type Runner struct {
 	onDone        func(repository.Job)
 	finishTimeout time.Duration
 	lease         Lease
+	handOff       bool
 
 	// ctx is the parent of every job's context. It belongs to the runner, not
 	// to any request, and only Shutdown cancels it.
@@ -203,6 +214,7 @@ func New(cfg Config) *Runner {
 		onDone:        cfg.OnDone,
 		finishTimeout: timeout,
 		lease:         cfg.Lease,
+		handOff:       cfg.HandOff,
 		ctx:           ctx,
 		cancel:        cancel,
 		finishCtx:     finishCtx,
@@ -278,7 +290,8 @@ func (r *Runner) Running() []string {
 
 // Shutdown stops accepting tasks, cancels the running jobs' contexts (their
 // current step is interrupted; they end FAILED with cause ErrShutdown and
-// their Release applied), and waits for every job goroutine. If ctx is done
+// their Release applied, or with Config.HandOff are handed off for another
+// server to adopt), and waits for every job goroutine. If ctx is done
 // first it returns an error wrapping ctx.Err(); the jobs keep ending in the
 // background, each bounded by FinishTimeout. Shutdown may be called more than
 // once.
@@ -317,7 +330,7 @@ func (r *Runner) run(t Task) {
 
 	jobCtx, cancel := context.WithDeadline(r.ctx, t.Job.Deadline)
 	defer cancel()
-	p := &Progress{store: r.store, jobID: t.Job.ID, total: t.Job.StepsTotal, lease: r.lease}
+	p := newProgress(r.store, t.Job, r.lease)
 
 	out, err := r.call(jobCtx, log, t, p)
 	final, ok := r.finish(jobCtx, log, t, p, out, err)
