@@ -30,6 +30,10 @@ type Store interface {
 	FinishJob(ctx context.Context, f repository.Finish) (repository.Job, error)
 	GetJobByRequestID(ctx context.Context, account, requestID string) (repository.Job, error)
 	RecordEvent(ctx context.Context, e repository.Event) error
+	// AdoptJob and HandOffJob move a running job between servers (SPEC §5
+	// step 4; see Clusters.Adopt).
+	AdoptJob(ctx context.Context, a repository.Adoption) (repository.Job, error)
+	HandOffJob(ctx context.Context, h repository.HandOff) (repository.Job, error)
 }
 
 // JobStarter runs claimed jobs asynchronously (the runner). Reserve lists a

@@ -63,8 +63,27 @@ var errNotHeld = errors.New("operation no longer holds the cluster")
 // server is shutting down), the job is ended at once and the cluster follows
 // the failure transition, so no claim is left without a job running it.
 func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc) (*longrunningpb.Operation, error) {
+	o, task := s.task(job, work)
+	if err := s.runner.Start(task); err != nil {
+		s.log.Warn("could not start job; failing it", "job", job.ID, "error", err)
+		t, _, _ := o.release(ctx, o.failEvent, repository.Changes{}, "server shutting down")
+		msg, _ := protojson.Marshal(&spb.Status{Code: 14, Message: "server shutting down; please retry"})
+		if _, ferr := s.store.FinishJob(context.WithoutCancel(ctx), repository.Finish{JobID: job.ID, Status: repository.JobFailed, Error: string(msg), Release: t}); ferr != nil && !errors.Is(ferr, repository.ErrNotHeld) {
+			s.log.Error("could not fail a job that did not start", "job", job.ID, "error", ferr)
+		}
+		return nil, fmt.Errorf("start %s: %w", job.Kind, errShuttingDown)
+	}
+	return toOperation(job)
+}
+
+// errShuttingDown maps to UNAVAILABLE: the client may retry on another server.
+var errShuttingDown = errors.New("server shutting down")
+
+// task is the runner's task of a job: its work, then the success release;
+// or, on failure, the repair of what it left and the failure release.
+func (s *Clusters) task(job repository.Job, work workFunc) (*op, runner.Task) {
 	o := &op{s: s, job: job, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed}
-	task := runner.Task{
+	return o, runner.Task{
 		Job: job,
 		Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
 			o.p = p
@@ -84,20 +103,12 @@ func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc
 			return t, err
 		},
 	}
-	if err := s.runner.Start(task); err != nil {
-		s.log.Warn("could not start job; failing it", "job", job.ID, "error", err)
-		t, _, _ := o.release(ctx, o.failEvent, repository.Changes{}, "server shutting down")
-		msg, _ := protojson.Marshal(&spb.Status{Code: 14, Message: "server shutting down; please retry"})
-		if _, ferr := s.store.FinishJob(context.WithoutCancel(ctx), repository.Finish{JobID: job.ID, Status: repository.JobFailed, Error: string(msg), Release: t}); ferr != nil && !errors.Is(ferr, repository.ErrNotHeld) {
-			s.log.Error("could not fail a job that did not start", "job", job.ID, "error", ferr)
-		}
-		return nil, fmt.Errorf("start %s: %w", job.Kind, errShuttingDown)
-	}
-	return toOperation(job)
 }
 
-// errShuttingDown maps to UNAVAILABLE: the client may retry on another server.
-var errShuttingDown = errors.New("server shutting down")
+// resumed reports whether this attempt runs a job another attempt began (an
+// adopted job, SPEC §5 step 4): its work then skips the steps whose effect
+// the infrastructure already shows, and runs the interrupted one again.
+func (o *op) resumed() bool { return o.job.Attempt > 1 }
 
 // step records that the operation starts step name (progress, and the
 // runner's cancellation, recovery and lease checks). A failed operation
@@ -134,11 +145,12 @@ func (o *op) do(ctx context.Context, name string, call func() error) error {
 	return err
 }
 
-// call identifies the operation to the infrastructure: the job is the
-// fencing token (infra.Call.Operation) that the infrastructure checks
-// against the cluster's current operation before changing anything.
+// call identifies the operation to the infrastructure: the job and its
+// attempt are the fencing token (infra.Call.Operation, infra.Call.Attempt)
+// that the infrastructure checks against the cluster's current operation
+// and the job's attempt before changing anything.
 func (o *op) call(machineID string) infra.Call {
-	return infra.Call{ClusterID: o.job.ResourceID, Operation: o.job.ID, MachineID: machineID}
+	return infra.Call{ClusterID: o.job.ResourceID, Operation: o.job.ID, Attempt: o.job.Attempt, MachineID: machineID}
 }
 
 // held reads the cluster and checks this operation still holds it.
@@ -154,14 +166,15 @@ func (o *op) held(ctx context.Context) (repository.Cluster, error) {
 }
 
 // move makes a transition while keeping the cluster held (e.g. the create
-// job's CREATED -> STARTING), only while this operation holds it.
+// job's CREATED -> STARTING), only while this operation, at this attempt,
+// holds it.
 func (o *op) move(ctx context.Context, ev lifecycle.Event, msg string) (repository.Cluster, error) {
 	c, err := o.held(ctx)
 	if err != nil {
 		return c, err
 	}
 	return o.s.store.Transition(ctx, repository.Transition{
-		ClusterID: c.ID, Expect: c.Expect(), Event: ev, Operation: o.job.ID, Message: msg,
+		ClusterID: c.ID, Expect: c.Expect(), Event: ev, Operation: o.job.ID, Message: msg, Attempt: o.job.Attempt,
 	})
 }
 
