@@ -38,13 +38,15 @@ func (s *Server) startBackground() {
 //     WaitOperation answers at once with the operation as it stands.
 //  2. The scanner stops (it would claim recoveries).
 //  3. Jobs stop at their next step: their contexts are cancelled, steps held
-//     by the simulator return, and each records its end (FAILED, "server
+//     by the simulator return, and each is handed off (IN_PROGRESS, its
+//     cluster still held, for a live server to adopt at once; with
+//     OnOwnerLoss fail, it records its end instead: FAILED, "server
 //     shutting down", its cluster released to the failure state) before
 //     the runner returns.
 //  4. Connections drain: by now every RPC is short.
-//  5. The heartbeat stops and the server id is given up, so peers fail at
-//     once whatever job could not record its end, and a restart need not
-//     wait for the id.
+//  5. The heartbeat stops and the server id is given up, so peers adopt (or
+//     fail) at once whatever job could not record its hand-off or its end,
+//     and a restart need not wait for the id.
 //  6. The database closes: every goroutine that could use it has ended.
 func (s *Server) shutdown() error {
 	began := time.Now()
