@@ -288,6 +288,19 @@ func (r *Runner) Running() []string {
 	return ids
 }
 
+// Interrupt stops accepting tasks and cancels the running jobs' contexts,
+// without waiting for them (Shutdown does). Called first in a graceful stop,
+// it makes sure every job sees its context done, and so ends as interrupted
+// by the shutdown (ErrShutdown: handed off with Config.HandOff), whatever
+// else the stop then does to its current step (a simulated held step let go
+// with its own error).
+func (r *Runner) Interrupt() {
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.cancel()
+}
+
 // Shutdown stops accepting tasks, cancels the running jobs' contexts (their
 // current step is interrupted; they end FAILED with cause ErrShutdown and
 // their Release applied, or with Config.HandOff are handed off for another
@@ -296,10 +309,7 @@ func (r *Runner) Running() []string {
 // background, each bounded by FinishTimeout. Shutdown may be called more than
 // once.
 func (r *Runner) Shutdown(ctx context.Context) error {
-	r.mu.Lock()
-	r.stopped = true
-	r.mu.Unlock()
-	r.cancel()
+	r.Interrupt()
 
 	done := make(chan struct{})
 	go func() {

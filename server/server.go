@@ -203,7 +203,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
-		Lease: s.lease,
+		Lease: s.lease, HandOff: resume,
 	})
 	var adopter scanner.Adopter
 	if resume {

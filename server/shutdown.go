@@ -69,6 +69,9 @@ func (s *Server) shutdown() error {
 		<-bg.scannerDone
 	}
 
+	// The jobs' contexts first, so that a held step let go by StopHolding
+	// is seen as the shutdown's interruption, not as the step's failure.
+	s.runner.Interrupt()
 	s.sim.StopHolding()
 	if err := s.runner.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("stop jobs: %w", err))

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+
 	"github.com/clusterd/clusterd/repository"
 )
 
@@ -62,6 +64,23 @@ func (s *Clusters) Adopt(ctx context.Context, j repository.Job, cutoff time.Time
 		return fmt.Errorf("run adopted job %s: %w", j.ID, errShuttingDown)
 	}
 	return nil
+}
+
+// handOffUnstarted hands off a job whose claim committed just as this
+// server began stopping (the runner refused to start it): a live server
+// adopts it at its next scan and runs it, so the request is answered with
+// its operation instead of being refused. An error means the job could not
+// be handed off, and the caller fails it.
+func (s *Clusters) handOffUnstarted(ctx context.Context, job repository.Job) (*longrunningpb.Operation, error) {
+	j, err := s.store.HandOffJob(context.WithoutCancel(ctx), repository.HandOff{
+		Job: job, Server: s.serverID, Message: "handed off before its first step: server " + s.serverID + " began stopping",
+	})
+	if err != nil {
+		s.log.Warn("could not hand off a job claimed while stopping; failing it", "job", job.ID, "error", err)
+		return nil, err
+	}
+	s.log.Info("job claimed while stopping handed off for adoption", "job", job.ID, "cluster", job.ResourceID)
+	return toOperation(j)
 }
 
 // CannotResumeError: a job's kind or parameters are not ones this server

@@ -60,11 +60,18 @@ func (o *op) expect(n int32) {
 var errNotHeld = errors.New("operation no longer holds the cluster")
 
 // launch hands a claimed job to the runner. If the runner refuses (the
-// server is shutting down), the job is ended at once and the cluster follows
-// the failure transition, so no claim is left without a job running it.
+// server is shutting down), the job is handed off for a live server to adopt
+// (ClustersConfig.HandOff) or, failing that, ended at once with the cluster
+// following the failure transition, so no claim is left without a job
+// running it.
 func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc) (*longrunningpb.Operation, error) {
 	o, task := s.task(job, work)
 	if err := s.runner.Start(task); err != nil {
+		if s.handOff {
+			if op, herr := s.handOffUnstarted(ctx, job); herr == nil {
+				return op, nil
+			}
+		}
 		s.log.Warn("could not start job; failing it", "job", job.ID, "error", err)
 		t, _, _ := o.release(ctx, o.failEvent, repository.Changes{}, "server shutting down")
 		msg, _ := protojson.Marshal(&spb.Status{Code: 14, Message: "server shutting down; please retry"})
