@@ -251,14 +251,22 @@ func (o *op) fix(ctx context.Context, c repository.Cluster, step string, do func
 
 // repairAfterFailure runs repair on the way out of a failed, cancelled or
 // interrupted operation, so a failure leaves no more debris than a crash
-// does. It is best effort: what it cannot do, recovery does later.
-func (o *op) repairAfterFailure(ctx context.Context) repository.Changes {
+// does. It is best effort, except that a database that did not answer
+// (repository.ErrUnavailable, e.g. the first query on a connection a
+// database restart broke) is returned, so that the runner works the end out
+// again, repair included: a cluster released to ALERT with an unjoined
+// machine left is not converged by anything later (a start would join it).
+func (o *op) repairAfterFailure(ctx context.Context) (repository.Changes, error) {
 	o.ending = true
 	ch, err := o.repair(ctx, o.job.Kind)
-	if err != nil && !errors.Is(err, errNotHeld) {
+	switch {
+	case err == nil, errors.Is(err, errNotHeld):
+	case errors.Is(err, repository.ErrUnavailable):
+		return ch, fmt.Errorf("repair after a failed operation: %w", err)
+	default:
 		o.s.log.Warn("repair after a failed operation did not finish", "job", o.job.ID, "error", err)
 	}
-	return ch
+	return ch, nil
 }
 
 // repaired records a repair in the cluster's history and the logs.

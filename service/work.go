@@ -101,7 +101,10 @@ func (s *Clusters) task(job repository.Job, work workFunc) (*op, runner.Task) {
 			return o.succeed(ctx, changes)
 		},
 		Release: func(ctx context.Context, cause error) (*repository.Transition, error) {
-			changes := o.repairAfterFailure(ctx)
+			changes, err := o.repairAfterFailure(ctx)
+			if err != nil {
+				return nil, err
+			}
 			note, err := o.skewNote(ctx)
 			if err != nil {
 				return nil, err
