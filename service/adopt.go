@@ -35,12 +35,12 @@ func (s *Clusters) Adopt(ctx context.Context, j repository.Job, cutoff time.Time
 	if err != nil {
 		return err
 	}
-	step := j.Step
-	if step == "" {
-		step = "its first step"
+	from := "its first step"
+	if j.Step != "" {
+		from = "step " + j.Step
 	}
-	msg := fmt.Sprintf("operation %s (%s) adopted by server %s from server %s: attempt %d of it runs on from %s: %s",
-		operationName(j.ID), j.Kind, s.serverID, j.ServerID, j.Attempt+1, step, reason)
+	msg := fmt.Sprintf("%s adopted by server %s from server %s (%s): attempt %d goes on from %s",
+		j.Kind, s.serverID, j.ServerID, reason, j.Attempt+1, from)
 	// Listed as this server's before the write commits, as a claim is, so
 	// this server's scanner never takes the adopted job for one it lost.
 	defer s.runner.Reserve(j.ID)()

@@ -179,7 +179,15 @@ func (s *Clusters) removeWork(ctx context.Context, o *op, p nodesPlan) (reposito
 	if err != nil {
 		return repository.Changes{}, err
 	}
-	o.expect(int32(2*len(p.Machines)) + 1)
+	// drain and delete per node still in the cluster (an adopted remove
+	// finds those an earlier attempt removed gone), and the network.
+	present := 0
+	for _, m := range machines {
+		if slices.Contains(p.Machines, m.ID) {
+			present++
+		}
+	}
+	o.expect(int32(2*present) + 1)
 	spec := c.Spec
 	var keep []infra.Machine
 	for _, m := range machines {
