@@ -36,7 +36,8 @@ type cannotResume interface{ CannotResume() bool }
 // job it cannot resume, nor when more jobs wait than a pass adopts, since
 // failing would then take a job that adoption has not been offered yet.
 // Which jobs are adoptable is decided by the same cutoff the failing uses,
-// so a job is never failed in a pass that did not first offer it.
+// so no job that may still be adopted is failed in a pass that did not
+// offer it first; those out of attempts or time are failed without offer.
 func (s *Scanner) adopt(ctx context.Context, r *Report, cutoff time.Time) bool {
 	jobs, err := s.cfg.Store.AdoptableJobs(ctx, repository.AdoptableQuery{
 		Cutoff: cutoff, Now: s.now(), MaxAttempts: s.cfg.MaxAttempts, Limit: adoptLimit,
@@ -49,6 +50,7 @@ func (s *Scanner) adopt(ctx context.Context, r *Report, cutoff time.Time) bool {
 	for _, j := range jobs {
 		reason := s.ownerLoss(j)
 		err := s.cfg.Adopter.Adopt(ctx, j, cutoff, reason)
+		var cr cannotResume
 		switch {
 		case err == nil:
 			r.Adopted++
@@ -57,8 +59,10 @@ func (s *Scanner) adopt(ctx context.Context, r *Report, cutoff time.Time) bool {
 		case errors.Is(err, repository.ErrConflict) || errors.Is(err, repository.ErrNotFound):
 			r.LostRaces++
 			s.log.Debug("scanner lost an adoption race", "job", j.ID, "error", err)
-		case errors.As(err, new(cannotResume)):
-			s.log.Warn("operation cannot be resumed here; it fails as its owner is gone", "job", j.ID, "kind", j.Kind, "error", err)
+		case errors.As(err, &cr) && cr.CannotResume(), errors.Is(err, repository.ErrNotHeld):
+			// Failed below, as without adoption (a job that no longer holds
+			// its cluster has nothing to run on).
+			s.log.Warn("operation cannot be adopted; it fails as its owner is gone", "job", j.ID, "kind", j.Kind, "error", err)
 		default:
 			mayFail = false
 			r.fail(fmt.Errorf("adopt job %s: %w", j.ID, err))
