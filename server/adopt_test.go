@@ -311,3 +311,28 @@ func TestOnOwnerLossFailAdoptsNothing(t *testing.T) {
 		}
 	})
 }
+
+// A job this server cannot rebuild (a kind it does not know, as a newer
+// server's could be) is not adopted: it is failed as without adoption, and
+// does not hold back the failing of the others.
+func TestUnresumableJobIsFailed(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		r := newRig(t, b)
+		c := r.create("unknown", 2)
+		seen, err := r.seed.GetCluster(r.ctx, clusterUUID(c.GetName()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, j, err := r.seed.Claim(r.ctx, repository.Transition{ClusterID: seen.ID, Expect: seen.Expect(), Event: lifecycle.ScaleUpRequested},
+			repository.NewJob{Kind: "rebalance", ServerID: "ghost", ServerIncarnation: "gone", Params: `{}`, Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep := r.srv.scanner.Pass(r.ctx); rep.Adopted != 0 || rep.JobsFailed != 1 || len(rep.Errors) != 0 {
+			t.Errorf("scan pass adopted %d, failed %d, errors %v; want the unknown job failed, no error", rep.Adopted, rep.JobsFailed, rep.Errors)
+		}
+		if got, _ := r.seed.GetJob(r.ctx, j.ID); got.Status != repository.JobFailed || got.Attempt != 1 {
+			t.Errorf("job: %s at attempt %d; want FAILED at attempt 1", got.Status, got.Attempt)
+		}
+	})
+}
