@@ -115,25 +115,14 @@ func galeraDriverDSN(t *testing.T, clusterdDSN, db string) string {
 // TestChaosGalera is TestChaos with its three servers spread over the three
 // nodes of a Galera cluster, and one node killed and rejoined instead of a
 // MariaDB restart: the same invariants. CLUSTERD_CHAOS_DURATION sets how long
-// (make test: 30s; make chaos-galera: 5 minutes).
+// (make test: 20s; make chaos-galera: 5 minutes).
 func TestChaosGalera(t *testing.T) {
-	d := 30 * time.Second
-	if v := getenvDuration(t, "CLUSTERD_CHAOS_DURATION"); v > 0 {
-		d = v
-	}
-	long := d >= 2*time.Minute
+	cfg, long := chaosSettings(t)
 	if !long {
 		t.Parallel()
+		cfg.duration = 20 * time.Second
 	}
-	cfg := chaosConfig{
-		galera: true, duration: d, clusters: 20, clients: 16, servers: 3,
-		killEvery: 10 * time.Second, peerTimeout: 3 * time.Second,
-		flags: []string{"--heartbeat-interval", "300ms", "--peer-timeout", "3s", "--scan-interval", "500ms", "--reconcile-interval", "2s", "--sim-step-delay", "20ms"},
-	}
-	if long {
-		cfg.killEvery, cfg.peerTimeout = 20*time.Second, 6*time.Second
-		cfg.flags = []string{"--sim-step-delay", "20ms"}
-	}
+	cfg.galera = true
 	c := newChaos(t, cfg)
 	c.run()
 	c.settle()

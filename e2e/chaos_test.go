@@ -48,23 +48,77 @@ import (
 //     holding the cluster;
 //   - machines match the cluster at rest.
 //
+// It runs once per --on-owner-loss: with resume (the default), a killed
+// process's operations are adopted by its restarted self and a stopped
+// one's by its peers, and the checker also requires that no call of an
+// adopted job's earlier attempt went through after the adoption; with fail,
+// they are failed and their clusters recovered, as before adoption existed.
+// CLUSTERD_CHAOS_ON_OWNER_LOSS picks one.
+//
 // CLUSTERD_CHAOS_DURATION sets how long the chaos lasts: make test runs a
 // short variant (the default, 40s, with shorter liveness settings and a kill
-// every ~10s), make chaos the 5-minute one (the binary's liveness defaults,
-// a kill every ~20s).
+// every ~10s) of both, make chaos the 5-minute one (the binary's liveness
+// defaults, a kill every ~20s) with resume unless told otherwise.
 func TestChaos(t *testing.T) {
+	cfg, long := chaosSettings(t)
+	modes := []string{"resume", "fail"}
+	if v := os.Getenv("CLUSTERD_CHAOS_ON_OWNER_LOSS"); v != "" || long {
+		modes = []string{cfg.onOwnerLoss}
+	}
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			if !long {
+				t.Parallel()
+			}
+			cfg := cfg
+			cfg.onOwnerLoss = mode
+			c := newChaos(t, cfg)
+			c.run()
+			c.settle()
+			c.heal()
+			c.check()
+			c.report()
+		})
+	}
+}
+
+// TestChaosRollingRestart is the soak's load with one kind of chaos: a
+// rolling restart of the three processes (SIGTERM, wait for exit 0, start
+// again; one at a time, every 7.5s, 20s with make chaos), as an operator
+// upgrading clusterd would do it. Every operation a stopping process was
+// running is handed off and adopted, so none fails: every job, accepted
+// operations and the scanner's alike, must end SUCCEEDED (the clients
+// cancel nothing), besides the invariants TestChaos checks.
+func TestChaosRollingRestart(t *testing.T) {
+	cfg, long := chaosSettings(t)
+	if !long {
+		t.Parallel()
+		cfg.duration = 30 * time.Second
+	}
+	cfg.rolling = true
+	cfg.onOwnerLoss = "resume"
+	c := newChaos(t, cfg)
+	c.run()
+	c.settle()
+	c.check()
+	c.report()
+}
+
+// chaosSettings reads CLUSTERD_CHAOS_DURATION and CLUSTERD_CHAOS_ON_OWNER_LOSS
+// and returns the soak's settings, and whether it is the long one.
+func chaosSettings(t *testing.T) (chaosConfig, bool) {
 	d := 40 * time.Second
 	if v := getenvDuration(t, "CLUSTERD_CHAOS_DURATION"); v > 0 {
 		d = v
 	}
 	long := d >= 2*time.Minute
-	if !long {
-		t.Parallel()
-	}
 	cfg := chaosConfig{
 		duration: d, clusters: 20, clients: 16, servers: 3,
-		killEvery: 10 * time.Second, peerTimeout: 3 * time.Second,
+		killEvery: 10 * time.Second, peerTimeout: 3 * time.Second, onOwnerLoss: "resume",
 		flags: []string{"--heartbeat-interval", "300ms", "--peer-timeout", "3s", "--scan-interval", "500ms", "--reconcile-interval", "2s", "--sim-step-delay", "20ms"},
+	}
+	if v := os.Getenv("CLUSTERD_CHAOS_ON_OWNER_LOSS"); v != "" {
+		cfg.onOwnerLoss = v
 	}
 	if long {
 		// The binary's liveness defaults (heartbeat 1s, peer timeout 6s,
@@ -72,12 +126,7 @@ func TestChaos(t *testing.T) {
 		cfg.killEvery, cfg.peerTimeout = 20*time.Second, 6*time.Second
 		cfg.flags = []string{"--sim-step-delay", "20ms"}
 	}
-	c := newChaos(t, cfg)
-	c.run()
-	c.settle()
-	c.heal()
-	c.check()
-	c.report()
+	return cfg, long
 }
 
 // getenvDuration reads a duration from the environment (0 when unset).
@@ -106,6 +155,11 @@ type chaosConfig struct {
 	killEvery   time.Duration
 	peerTimeout time.Duration
 	flags       []string
+	// onOwnerLoss is every process's --on-owner-loss: resume or fail.
+	onOwnerLoss string
+	// rolling replaces the kills, the SIGSTOP and the MariaDB restart with a
+	// rolling restart: SIGTERM one process, start it again, every killEvery.
+	rolling bool
 }
 
 // chaos is one soak: the database, the processes, what the clients and the
@@ -131,9 +185,9 @@ type chaos struct {
 	unexpected []string
 	retries    atomic.Int64 // requests sent again (same request_id) after UNAVAILABLE
 
-	kills, stops, dbRestarts int
-	dbDown                   []time.Duration
-	recoveries               []recoveryTime
+	kills, stops, dbRestarts, restarts int
+	dbDown                             []time.Duration
+	recoveries                         []recoveryTime
 
 	violations []string
 	notes      []string
@@ -154,8 +208,10 @@ type slot struct {
 	stopped            bool // SIGSTOPped now
 }
 
-// recoveryTime is how long the clusters a killed or stopped process's jobs
-// held took to be released (by the restarted process, or by its peers).
+// recoveryTime is how long the operations a killed, stopped or restarted
+// process was running took to move again: with --on-owner-loss=resume, to
+// be adopted (or to end); with fail, for their clusters to be released (by
+// the restarted process, or by its peers).
 type recoveryTime struct {
 	what string
 	jobs int
@@ -200,7 +256,7 @@ func (c *chaos) launch(s *slot) {
 	c.t.Helper()
 	s.launches++
 	log := filepath.Join(c.t.TempDir(), fmt.Sprintf("clusterd-%d-%d.log", s.i, s.launches))
-	args := append([]string{"--database", c.db.dsnFor(s.i)}, c.cfg.flags...)
+	args := append([]string{"--database", c.db.dsnFor(s.i), "--on-owner-loss", c.cfg.onOwnerLoss}, c.cfg.flags...)
 	srv, err := spawnAt(c.t, fmt.Sprintf("slot%d", s.i), args, s.grpcAddr, s.httpAddr, log)
 	if err != nil {
 		c.t.Fatal(err)
@@ -260,7 +316,7 @@ func (c *chaos) run() {
 	defer cancel()
 	var wg sync.WaitGroup
 	seed := uint64(time.Now().UnixNano())
-	c.t.Logf("chaos: %s, %d processes, %d clients, %d clusters, seed %d", c.cfg.duration, c.cfg.servers, c.cfg.clients, c.cfg.clusters, seed)
+	c.t.Logf("chaos: %s, %d processes (--on-owner-loss=%s), %d clients, %d clusters, seed %d", c.cfg.duration, c.cfg.servers, c.cfg.onOwnerLoss, c.cfg.clients, c.cfg.clusters, seed)
 	for g := range c.cfg.clients {
 		wg.Add(1)
 		go func() {
@@ -268,7 +324,11 @@ func (c *chaos) run() {
 			c.client(ctx, rand.New(rand.NewPCG(seed, uint64(g))))
 		}()
 	}
-	c.monkey(ctx, rand.New(rand.NewPCG(seed, 1<<32)))
+	if c.cfg.rolling {
+		c.rollingRestart(ctx)
+	} else {
+		c.monkey(ctx, rand.New(rand.NewPCG(seed, 1<<32)))
+	}
 	wg.Wait()
 }
 
@@ -414,18 +474,75 @@ func (c *chaos) monkey(ctx context.Context, rng *rand.Rand) {
 	}
 }
 
-// inProgress lists the IN_PROGRESS jobs of a server id with their clusters.
-func (c *chaos) inProgress(serverID string) map[string]string {
-	rows, err := c.raw.Query("SELECT id, COALESCE(resource_id, '') FROM jobs WHERE status = 'IN_PROGRESS' AND server_id = ?", serverID)
+// rollingRestart stops the processes gracefully and starts them again, one
+// at a time, every killEvery (more often if that would leave a process
+// out), until ctx is done.
+func (c *chaos) rollingRestart(ctx context.Context) {
+	every := min(c.cfg.killEvery, c.cfg.duration/time.Duration(c.cfg.servers+1))
+	for i := 0; ; i++ {
+		c.pause(ctx, every)
+		if ctx.Err() != nil {
+			return
+		}
+		c.restart(c.slots[i%len(c.slots)])
+	}
+}
+
+// restart stops slot s's process with SIGTERM, requires it to exit 0, and
+// starts it again on the same port (so the same server id); it measures how
+// long the operations it was running take to move again.
+func (c *chaos) restart(s *slot) {
+	s.mu.Lock()
+	srv := s.cur
+	s.mu.Unlock()
+	held := c.inProgress(c.serverID(s))
+	began := time.Now()
+	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-srv.exited:
+		if code := srv.cmd.ProcessState.ExitCode(); code != 0 {
+			c.mu.Lock()
+			c.violate("slot %d exited %d after SIGTERM", s.i, code)
+			c.mu.Unlock()
+		}
+	case <-time.After(30 * time.Second):
+		srv.kill9()
+		c.mu.Lock()
+		c.violate("slot %d still running 30s after SIGTERM", s.i)
+		c.mu.Unlock()
+	}
+	c.t.Logf("chaos: SIGTERM slot %d (%d jobs running): exited after %s", s.i, len(held), time.Since(began).Round(time.Millisecond))
+	c.launch(s)
+	c.mu.Lock()
+	c.restarts++
+	c.mu.Unlock()
+	c.measures.Add(1)
+	go func() {
+		defer c.measures.Done()
+		c.measure(fmt.Sprintf("SIGTERM of slot %d (handed off)", s.i), began, held)
+	}()
+}
+
+// runningJob is an IN_PROGRESS job as seen: its cluster and its attempt.
+type runningJob struct {
+	cluster string
+	attempt int32
+}
+
+// inProgress lists the IN_PROGRESS jobs of a server id with their clusters
+// and attempts.
+func (c *chaos) inProgress(serverID string) map[string]runningJob {
+	rows, err := c.raw.Query("SELECT id, COALESCE(resource_id, ''), attempt FROM jobs WHERE status = 'IN_PROGRESS' AND server_id = ?", serverID)
 	if err != nil {
 		return nil
 	}
 	defer rows.Close()
-	out := map[string]string{}
+	out := map[string]runningJob{}
 	for rows.Next() {
-		var id, cluster string
-		if rows.Scan(&id, &cluster) == nil {
-			out[id] = cluster
+		var id string
+		var r runningJob
+		if rows.Scan(&id, &r.cluster, &r.attempt) == nil {
+			out[id] = r
 		}
 	}
 	return out
@@ -486,9 +603,11 @@ func (c *chaos) sigstop(s *slot, d time.Duration) {
 	c.mu.Unlock()
 }
 
-// measure waits until no cluster is held by any of the jobs held (job ->
-// cluster) and records how long that took from since.
-func (c *chaos) measure(what string, since time.Time, held map[string]string) {
+// measure waits until every job held (as seen before the chaos struck)
+// moves again, and records how long that took from since: with resume, until
+// each is adopted (a later attempt) or has ended; with fail, until no
+// cluster is held by any of them.
+func (c *chaos) measure(what string, since time.Time, held map[string]runningJob) {
 	if len(held) == 0 {
 		return
 	}
@@ -496,9 +615,17 @@ func (c *chaos) measure(what string, since time.Time, held map[string]string) {
 	deadline := since.Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		still := 0
-		for job, cluster := range held {
+		for job, r := range held {
+			if c.cfg.onOwnerLoss == "resume" {
+				var status string
+				var attempt int32
+				if err := db.QueryRow("SELECT status, attempt FROM jobs WHERE id = ?", job).Scan(&status, &attempt); err != nil || (status == "IN_PROGRESS" && attempt <= r.attempt) {
+					still++
+				}
+				continue
+			}
 			var cur string
-			if err := db.QueryRow("SELECT current_operation FROM clusters WHERE id = ?", cluster).Scan(&cur); err != nil || cur == job {
+			if err := db.QueryRow("SELECT current_operation FROM clusters WHERE id = ?", r.cluster).Scan(&cur); err != nil || cur == job {
 				still++
 			}
 		}
@@ -635,6 +762,15 @@ func (c *chaos) check() {
 		if !j.Status.Done() {
 			c.violate("job %s (%s of %s) is %s", id, j.Kind, j.ResourceID, j.Status)
 		}
+		if j.Attempt > 1 {
+			c.figures["operations adopted (attempt > 1)"]++
+			if j.Status == repository.JobSucceeded {
+				c.figures["operations adopted and succeeded"]++
+			}
+		}
+		if c.cfg.rolling && j.Status != repository.JobSucceeded {
+			c.violate("a rolling restart failed %s (%s of %s, attempt %d): %s %s", id, j.Kind, j.ResourceID, j.Attempt, j.Status, firstLine(j.Error))
+		}
 		switch {
 		case j.Status == repository.JobSucceeded:
 			c.figures["operations succeeded"]++
@@ -689,24 +825,35 @@ func (c *chaos) check() {
 			if call.Refused {
 				continue
 			}
-			if h := holderAt(call.LastEventID); h != call.Fence.JobID {
+			h, attempt := holderAt(call.LastEventID)
+			switch {
+			case h != call.Fence.JobID:
 				c.violate("%s: %s by job %s accepted (call %d) while the history shows %q holding the cluster", name, call.Fence.Step, call.Fence.JobID, call.ID, h)
+			case call.Fence.Attempt != attempt:
+				c.violate("%s: %s by attempt %d of job %s (server %s) accepted (call %d) while the history shows attempt %d running it",
+					name, call.Fence.Step, call.Fence.Attempt, call.Fence.JobID, call.Server, call.ID, attempt)
 			}
 		}
-		c.checkMachines(ctx, name, cl)
+		before := len(c.violations)
+		if c.checkMachines(ctx, name, cl); len(c.violations) > before {
+			c.notes = append(c.notes, fmt.Sprintf("history of %s, for the violation above:%s", name, historyTail(evs, jobs, 12)))
+		}
 	}
 }
 
 // replay checks one cluster's history for two holders and returns who held
-// the cluster after any history entry.
-func (c *chaos) replay(name string, evs []repository.Event, jobs map[string]repository.Job) func(eventID int64) string {
+// the cluster after any history entry, and which attempt of it ran then (1,
+// and one more per OPERATION_ADOPTED of it since its claim).
+func (c *chaos) replay(name string, evs []repository.Event, jobs map[string]repository.Job) func(eventID int64) (string, int32) {
 	type mark struct {
-		id     int64
-		holder string
+		id      int64
+		holder  string
+		attempt int32
 	}
 	var marks []mark
-	holder := ""
+	holder, attempt := "", int32(0)
 	takeover := func(e repository.Event) {
+		attempt = 1
 		if holder == "" {
 			return
 		}
@@ -726,7 +873,7 @@ func (c *chaos) replay(name string, evs []repository.Event, jobs map[string]repo
 		c.figures["history entries "+e.Name]++
 		switch {
 		case e.Name == repository.ClusterCreated:
-			holder = e.Operation
+			holder, attempt = e.Operation, 1
 		case e.Name == "START_REQUESTED" && e.From.String() == "CREATED" && holder == e.Operation:
 			// The create job's own first step.
 		case strings.HasSuffix(e.Name, "_REQUESTED"):
@@ -748,17 +895,25 @@ func (c *chaos) replay(name string, evs []repository.Event, jobs map[string]repo
 			if holder != e.Operation {
 				c.violate("%s: entry %d REPAIR by %s while %q held the cluster", name, e.ID, e.Operation, holder)
 			}
+		case e.Name == repository.OperationAdopted || e.Name == repository.OperationHandedOff:
+			// The job goes on: the cluster keeps its holder.
+			if holder != e.Operation {
+				c.violate("%s: entry %d %s of %s while %q held the cluster", name, e.ID, e.Name, e.Operation, holder)
+			}
+			if e.Name == repository.OperationAdopted {
+				attempt++
+			}
 		default:
 			c.violate("%s: unexpected history entry %d %s", name, e.ID, e.Name)
 		}
-		marks = append(marks, mark{e.ID, holder})
+		marks = append(marks, mark{e.ID, holder, attempt})
 	}
-	return func(id int64) string {
+	return func(id int64) (string, int32) {
 		i := sort.Search(len(marks), func(i int) bool { return marks[i].id > id })
 		if i == 0 {
-			return ""
+			return "", 0
 		}
-		return marks[i-1].holder
+		return marks[i-1].holder, marks[i-1].attempt
 	}
 }
 
@@ -803,6 +958,17 @@ func (c *chaos) checkMachines(ctx context.Context, name string, cl repository.Cl
 	}
 }
 
+// historyTail renders the last n entries of a history with their jobs'
+// kinds, attempts and outcomes.
+func historyTail(evs []repository.Event, jobs map[string]repository.Job, n int) string {
+	var b strings.Builder
+	for _, e := range evs[max(0, len(evs)-n):] {
+		j := jobs[e.Operation]
+		fmt.Fprintf(&b, "\n    %d %s -%s-> %s %s (%s attempt %d %s) by %s: %s", e.ID, e.From, e.Name, e.To, e.Operation, j.Kind, j.Attempt, j.Status, e.Server, e.Message)
+	}
+	return b.String()
+}
+
 func mapsEqual(a, b map[string]bool) bool {
 	if len(a) != len(b) {
 		return false
@@ -836,9 +1002,13 @@ func (c *chaos) report() {
 	if c.cfg.galera {
 		where, fault = "the 3 nodes of a Galera cluster", "Galera node killed and rejoined"
 	}
-	fmt.Fprintf(&b, "\nchaos soak: %s, %d processes on %s, %d clients, %d clusters\n", c.cfg.duration, c.cfg.servers, where, c.cfg.clients, c.cfg.clusters)
+	fmt.Fprintf(&b, "\nchaos soak: %s, %d processes on %s (--on-owner-loss=%s), %d clients, %d clusters\n", c.cfg.duration, c.cfg.servers, where, c.cfg.onOwnerLoss, c.cfg.clients, c.cfg.clusters)
 	fmt.Fprintf(&b, "  operations accepted: %d %v; refused: %v; sent again after UNAVAILABLE: %d\n", len(c.accepted), byVerb, c.refused, c.retries.Load())
-	fmt.Fprintf(&b, "  chaos: %d SIGKILL+restart, %d SIGSTOP (> peer timeout %s), %d %s (down %v)\n", c.kills, c.stops, c.cfg.peerTimeout, c.dbRestarts, fault, roundAll(c.dbDown))
+	if c.cfg.rolling {
+		fmt.Fprintf(&b, "  chaos: %d rolling restarts (SIGTERM, exit, start again)\n", c.restarts)
+	} else {
+		fmt.Fprintf(&b, "  chaos: %d SIGKILL+restart, %d SIGSTOP (> peer timeout %s), %d %s (down %v)\n", c.kills, c.stops, c.cfg.peerTimeout, c.dbRestarts, fault, roundAll(c.dbDown))
+	}
 	var names []string
 	for k := range c.figures {
 		names = append(names, k)
@@ -849,12 +1019,16 @@ func (c *chaos) report() {
 	}
 	var ds []time.Duration
 	for _, r := range c.recoveries {
-		fmt.Fprintf(&b, "  recovered after %s: %d jobs' clusters released in %s\n", r.what, r.jobs, r.took.Round(time.Millisecond))
+		moved := "clusters released"
+		if c.cfg.onOwnerLoss == "resume" {
+			moved = "operations adopted or ended"
+		}
+		fmt.Fprintf(&b, "  after %s: %d jobs' %s in %s\n", r.what, r.jobs, moved, r.took.Round(time.Millisecond))
 		ds = append(ds, r.took)
 	}
 	if len(ds) > 0 {
 		slices.Sort(ds)
-		fmt.Fprintf(&b, "  time to recover: median %s, max %s over %d events\n", ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), len(ds))
+		fmt.Fprintf(&b, "  time to move again: median %s, max %s over %d events\n", ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), len(ds))
 	}
 	for msg, n := range c.failures {
 		fmt.Fprintf(&b, "  failed %dx: %s\n", n, msg)
@@ -873,7 +1047,10 @@ func (c *chaos) report() {
 	if len(c.unexpected) > 0 {
 		t.Errorf("%d refusals with a code other than ABORTED, FAILED_PRECONDITION or UNAVAILABLE", len(c.unexpected))
 	}
-	if c.kills == 0 || c.stops == 0 || c.dbRestarts == 0 || len(c.accepted) < c.cfg.clusters*2 {
+	switch {
+	case c.cfg.rolling && (c.restarts < c.cfg.servers || len(c.accepted) < c.cfg.clusters*2):
+		t.Errorf("the soak did not exercise enough: %d restarts, %d operations", c.restarts, len(c.accepted))
+	case !c.cfg.rolling && (c.kills == 0 || c.stops == 0 || c.dbRestarts == 0 || len(c.accepted) < c.cfg.clusters*2):
 		t.Errorf("the soak did not exercise enough: %d kills, %d stops, %d database restarts, %d operations", c.kills, c.stops, c.dbRestarts, len(c.accepted))
 	}
 }

@@ -266,9 +266,10 @@ func startAgain(t *testing.T, s *server, env *crashEnv, _ *clv1.Cluster) {
 	s.healthy(t, c)
 }
 
-// TestKillMidOperation kills clusterd with SIGKILL while each kind of
-// operation is held at its key step, starts it again on the same database
-// with the same server id, and checks SPEC §5: the cluster leaves its
+// TestKillMidOperation kills clusterd (run with --on-owner-loss=fail) with
+// SIGKILL while each kind of operation is held at its key step, starts it
+// again on the same database with the same server id, and checks SPEC §5.1
+// as without adoption: the cluster leaves its
 // operation state (§5.1) with no current operation, the interrupted job is
 // failed with "server restarted", the leftovers are repaired and recorded
 // (§5.3), and the next operation succeeds. It measures restart-to-recovery
@@ -307,7 +308,7 @@ func killMidOperation(t *testing.T, tc crashCase, restartFlags []string) time.Du
 	dsn := newDatabase(t)
 	const id = "e2e-crash"
 	env := &crashEnv{dsn: dsn}
-	quiet := []string{"--reconcile-interval", "1h"}
+	quiet := append([]string{"--reconcile-interval", "1h"}, failOnOwnerLoss...)
 	s := startServer(t, dsn, id, quiet...)
 	if tc.prepare != nil {
 		tc.prepare(t, s, env)

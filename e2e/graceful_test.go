@@ -9,8 +9,9 @@ import (
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 )
 
-// TestGracefulStopMidOperation stops clusterd with SIGTERM while a scale up
-// is held at join_node: the process exits promptly, the job fails with
+// TestGracefulStopMidOperation stops clusterd (with --on-owner-loss=fail)
+// with SIGTERM while a scale up is held at join_node: the process exits
+// promptly, the job fails with
 // "server shutting down" and releases the cluster to ALERT itself; after a
 // restart, what the interrupted scale left (a provisioned worker that never
 // joined, its ISO and rules) must be gone as after a crash, and the next
@@ -19,7 +20,7 @@ func TestGracefulStopMidOperation(t *testing.T) {
 	t.Parallel()
 	dsn := newDatabase(t)
 	const id = "e2e-graceful"
-	flags := []string{"--reconcile-interval", "1h"}
+	flags := append([]string{"--reconcile-interval", "1h"}, failOnOwnerLoss...)
 	s := startServer(t, dsn, id, flags...)
 	cluster := s.create(t, "graceful").GetName()
 	s.hold(t, "join_node", cluster)

@@ -31,6 +31,12 @@ import (
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
+// failOnOwnerLoss runs clusterd as before adoption existed: a running
+// operation whose server dies or stops is failed and its cluster recovered
+// (--on-owner-loss=fail). The tests of that recovery path run so; the
+// default, resume, is tested in adopt_test.go.
+var failOnOwnerLoss = []string{"--on-owner-loss", "fail"}
+
 // Bounds of every wait: generous, so a loaded machine does not fail a test,
 // yet finite, so a broken recovery fails instead of hanging.
 const (

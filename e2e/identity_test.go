@@ -92,7 +92,8 @@ func TestDuplicateServerIDIsRefused(t *testing.T) {
 	}
 }
 
-// SIGTERM while a client waits on an operation whose step is held: the wait
+// SIGTERM while a client waits on an operation whose step is held (with
+// --on-owner-loss=fail; TestSIGTERMHandsOffToAPeer is the default): the wait
 // is answered at once with the operation as it stands, the job stops at its
 // held step and records its end, and the process exits 0 well inside
 // --shutdown-timeout. (Before, every such stop took the whole 15s, exited 1,
@@ -100,7 +101,7 @@ func TestDuplicateServerIDIsRefused(t *testing.T) {
 func TestSIGTERMAnswersOpenWaitsAndExitsZero(t *testing.T) {
 	t.Parallel()
 	dsn := newDatabase(t)
-	s := startServer(t, dsn, "e2e-sigterm", "--reconcile-interval", "1h")
+	s := startServer(t, dsn, "e2e-sigterm", append([]string{"--reconcile-interval", "1h"}, failOnOwnerLoss...)...)
 	cluster := s.create(t, "sigterm").GetName()
 	s.hold(t, "join_node", cluster)
 	ctx, cancel := rpcCtx()

@@ -12,7 +12,8 @@ import (
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 )
 
-// TestLegacyJobsHoldRecovery checks the mixed-version rule (SPEC §4): a job
+// TestLegacyJobsHoldRecovery checks the mixed-version rule (SPEC §4), with
+// --on-owner-loss=fail (a legacy job, naming no cluster, is never adopted): a job
 // row an older server wrote without a resource id holds the cluster its
 // parameters name away from recovery; one with no parameters holds every
 // cluster. Two clusters, X and Y, are orphaned by a kill mid-stop; an
@@ -26,7 +27,7 @@ func TestLegacyJobsHoldRecovery(t *testing.T) {
 	db := openSQL(t, dsn)
 	const id = "e2e-legacy"
 	const scan = 200 * time.Millisecond
-	flags := []string{"--scan-interval", scan.String(), "--reconcile-interval", "1h"}
+	flags := append([]string{"--scan-interval", scan.String(), "--reconcile-interval", "1h"}, failOnOwnerLoss...)
 	s := startServer(t, dsn, id, flags...)
 	x := s.create(t, "x").GetName()
 	y := s.create(t, "y").GetName()

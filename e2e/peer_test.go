@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,8 +30,9 @@ func scaleUpHeld(t *testing.T, s *server) (cluster, op string) {
 	return cluster, op
 }
 
-// TestPeerRecoversDeadServer runs two servers on one database, kills one
-// with SIGKILL while its scale up is held, and checks that the other fails
+// TestPeerRecoversDeadServer runs two servers on one database (with
+// --on-owner-loss=fail), kills one with SIGKILL while its scale up is held,
+// and checks that the other fails
 // the dead server's job ("owner server stopped") and recovers its cluster
 // no sooner than the peer timeout allows and within peer timeout + one scan
 // interval (+ margin), with the leftovers repaired.
@@ -48,7 +50,7 @@ func TestPeerRecoversDeadServer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			dsn := newDatabase(t)
-			flags := append([]string{"--reconcile-interval", "1h"}, tc.flags...)
+			flags := slices.Concat([]string{"--reconcile-interval", "1h"}, tc.flags, failOnOwnerLoss)
 			a := startServer(t, dsn, "e2e-a", flags...)
 			b := startServer(t, dsn, "e2e-b", flags...)
 			cluster, op := scaleUpHeld(t, a)
@@ -181,7 +183,7 @@ func waitReleasing(t *testing.T, s *server, fault, op string) *longrunningpb.Ope
 func TestPeerRecoveryInterrupted(t *testing.T) {
 	t.Parallel()
 	dsn := newDatabase(t)
-	flags := append([]string{"--reconcile-interval", "1h"}, shortLiveness...)
+	flags := slices.Concat([]string{"--reconcile-interval", "1h"}, shortLiveness, failOnOwnerLoss)
 	a := startServer(t, dsn, "e2e-a", flags...)
 	b := startServer(t, dsn, "e2e-b", flags...)
 	cluster, op := scaleUpHeld(t, a)

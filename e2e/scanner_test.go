@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -178,13 +179,14 @@ func TestAlertStopRacesUserStart(t *testing.T) {
 // an ALERT cluster back (RECOVERING), holds that recovery at its repair
 // (detach_iso of an ISO a failed upgrade left), checks that a user's start
 // is refused naming the scanner's recovery, kills the server, and restarts
-// it: the interrupted recovery is itself recovered (RECOVERING -> ALERT, ISOs
+// it (with --on-owner-loss=fail): the interrupted recovery is itself recovered (RECOVERING -> ALERT, ISOs
 // detached), and reconciliation then brings the cluster back to RUNNING.
 func TestRecoveringInterrupted(t *testing.T) {
 	t.Parallel()
 	dsn := newDatabase(t)
 	const id = "e2e-recovering"
-	s := startServer(t, dsn, id, busyScanner...)
+	flags := append(slices.Clone(busyScanner), failOnOwnerLoss...)
+	s := startServer(t, dsn, id, flags...)
 	cluster := s.create(t, "recovering").GetName()
 	// The upgrade attaches the target's ISO to every node, then fails at
 	// its first drain; the repair on its way out fails at its first detach
@@ -215,7 +217,7 @@ func TestRecoveringInterrupted(t *testing.T) {
 	}
 
 	s.kill9()
-	s = startServer(t, dsn, id, busyScanner...)
+	s = startServer(t, dsn, id, flags...)
 	c, took := s.waitRecovered(t, cluster, s.started, opTimeout)
 	recordRecovery(t, "restart recovering@detach_iso (scanner's RECOVERING held)", took)
 	if c.GetState() != clv1.Cluster_ALERT && c.GetState() != clv1.Cluster_RUNNING {

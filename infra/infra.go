@@ -12,16 +12,18 @@
 //
 // A job may lose its cluster while it runs: its server is paused, cut off
 // or declared dead, or another process took its server id, and a peer's
-// recovery has failed the job and taken the cluster over. Such a job must
-// not change anything any more, even in a step that was already on its way
-// (held, slow, or sent just before the pause). So every call carries the
-// job that makes it (Call.Operation, with Call.ClusterID), and a driver must
-// make this promise:
+// recovery has failed the job and taken the cluster over, or a peer has
+// adopted the job and runs it on (the same job, a later attempt). Such a job
+// must not change anything any more, even in a step that was already on its
+// way (held, slow, or sent just before the pause). So every call carries the
+// job that makes it and the job's attempt (Call.Operation and Call.Attempt,
+// with Call.ClusterID), and a driver must make this promise:
 //
 //   - A call that changes anything is refused unless, at the moment of the
 //     change, the job still holds the cluster: the cluster's current
-//     operation is that job and the job is IN_PROGRESS. A refused call
-//     returns an error wrapping ErrFenced and changes nothing.
+//     operation is that job, the job is IN_PROGRESS, and the job is still at
+//     the call's attempt (an adoption bumps it). A refused call returns an
+//     error wrapping ErrFenced and changes nothing.
 //   - "At the moment of the change" means atomically with it: the check and
 //     the change must be ordered against the writes that take a cluster
 //     from a job (a recovery failing the job, a claim, the job's own end),
@@ -32,7 +34,9 @@
 //     API that cannot join the transaction, passes the job id as the
 //     request's idempotency or lease token and checks the holder under the
 //     cluster's row lock immediately before and after the call, treating a
-//     change it cannot fence as the step's own failure to be repaired.
+//     change it cannot fence as the step's own failure to be repaired. The
+//     token is the job id and the attempt together: an adopted job keeps its
+//     id, so the id alone would let the old attempt through.
 //   - A call with no job, or for a cluster that does not exist, is refused.
 //   - Calls that only read (Machines, Machine, Rules) are not fenced.
 //
@@ -131,15 +135,19 @@ type Rule struct {
 	Port      int32
 }
 
-// Call says who runs a step. Operation, the job making the call, with
-// ClusterID is the fencing token (see the package doc): a driver refuses the
-// call unless that job still holds that cluster. Fault injection matches on
-// the cluster, and the simulator lists held steps with their operation and
-// machine.
+// Call says who runs a step. Operation, the job making the call, and
+// Attempt, with ClusterID, are the fencing token (see the package doc): a
+// driver refuses the call unless that job, at that attempt, still holds that
+// cluster. Fault injection matches on the cluster, and the simulator lists
+// held steps with their operation and machine.
 type Call struct {
 	ClusterID string
 	// Operation is the id of the job making the call.
 	Operation string
+	// Attempt is the job's attempt (repository.Job.Attempt): 1 on the server
+	// that claimed it, one more after each adoption. Zero is not checked
+	// (callers that predate adoption).
+	Attempt   int32
 	MachineID string
 }
 

@@ -11,12 +11,15 @@ import (
 )
 
 // Fence is the fencing token of an infrastructure call (SPEC §6): the job
-// making it and the cluster it acts on. A call is let through only while the
-// job still holds the cluster: the cluster names it as its current operation
-// and the job is IN_PROGRESS. Step and MachineID only go to the log.
+// making it, its attempt, and the cluster it acts on. A call is let through
+// only while the job still holds the cluster: the cluster names it as its
+// current operation, the job is IN_PROGRESS, and (when Attempt is set) the
+// job is still at that attempt, so a server whose job another server adopted
+// is refused (SPEC §5 step 4). Step and MachineID only go to the log.
 type Fence struct {
 	ClusterID string
 	JobID     string
+	Attempt   int32
 	Step      string
 	MachineID string
 }
@@ -52,6 +55,9 @@ type simCallRow struct {
 	LastEventID int64
 	Refused     bool
 	Reason      string
+	Attempt     int32
+	// Server is the server process that made the call (WithServerID).
+	Server string
 }
 
 func (simCallRow) TableName() string { return "sim_calls" }
@@ -64,22 +70,25 @@ type SimCall struct {
 	LastEventID int64
 	Refused     bool
 	Reason      string
+	// Server is the server process that made the call.
+	Server string
 }
 
 // Fenced runs fn, the writes of one infrastructure call, in one transaction
 // that first checks, with the cluster's and the job's rows locked, that
-// f.JobID still holds f.ClusterID; if it does not, fn does not run, nothing
-// is written but the log entry, and the error is a *FencedError (ErrFenced).
-// Either way the call is logged (SimCalls) in the same transaction, with the
-// id of the cluster's latest history entry.
+// f.JobID (at f.Attempt) still holds f.ClusterID; if it does not, fn does not
+// run, nothing is written but the log entry, and the error is a *FencedError
+// (ErrFenced). Either way the call is logged (SimCalls) in the same
+// transaction, with the id of the cluster's latest history entry.
 //
 // The locks order the call against everything that could take the cluster
-// from the job: a recovery failing the job, another operation's claim and the
-// job's own end all lock the same rows (cluster, then job: the order every
-// writer uses), so they happen wholly before the call (which is then
-// refused) or after it (the change was made while the job held the
-// cluster). fn gets a Store bound to the transaction; its writes are retried
-// with the whole transaction (see retrying), so fn must be safe to run again.
+// from the job: a recovery failing the job, another server adopting it,
+// another operation's claim and the job's own end all lock the same rows
+// (cluster, then job: the order every writer uses), so they happen wholly
+// before the call (which is then refused) or after it (the change was made
+// while the job held the cluster). fn gets a Store bound to the transaction;
+// its writes are retried with the whole transaction (see retrying), so fn
+// must be safe to run again.
 func (s *Store) Fenced(ctx context.Context, f Fence, fn func(tx *Store) error) error {
 	if f.ClusterID == "" || f.JobID == "" {
 		return &FencedError{Fence: f, Reason: "the call names no job or no cluster"}
@@ -98,7 +107,7 @@ func (s *Store) Fenced(ctx context.Context, f Fence, fn func(tx *Store) error) e
 		}
 		call := simCallRow{
 			Time: s.stamp(), ClusterID: f.ClusterID, JobID: f.JobID, Step: f.Step, MachineID: f.MachineID,
-			LastEventID: last, Refused: reason != "", Reason: reason,
+			LastEventID: last, Refused: reason != "", Reason: reason, Attempt: f.Attempt, Server: s.server,
 		}
 		if reason != "" {
 			refused = &FencedError{Fence: f, Reason: reason}
@@ -142,7 +151,7 @@ func (s *Store) holds(tx *gorm.DB, f Fence) (string, error) {
 		return "", fmt.Errorf("lock cluster %s: %w", f.ClusterID, classify(err))
 	}
 	var j jobRow
-	err = lock(tx.Select("id", "status")).Where("id = ?", f.JobID).Take(&j).Error
+	err = lock(tx.Select("id", "status", "attempt", "server_id")).Where("id = ?", f.JobID).Take(&j).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return "the job does not exist", nil
 	}
@@ -156,6 +165,8 @@ func (s *Store) holds(tx *gorm.DB, f Fence) (string, error) {
 		return "the cluster is held by operation " + c.CurrentOperation, nil
 	case j.Status != string(JobInProgress):
 		return "the job is " + j.Status, nil
+	case f.Attempt > 0 && j.Attempt != f.Attempt:
+		return fmt.Sprintf("the job was adopted: attempt %d runs on server %s, not attempt %d", j.Attempt, j.ServerID, f.Attempt), nil
 	}
 	return "", nil
 }
@@ -174,8 +185,8 @@ func (s *Store) SimCalls(ctx context.Context, clusterID string) ([]SimCall, erro
 	out := make([]SimCall, len(rows))
 	for i, r := range rows {
 		out[i] = SimCall{
-			ID: r.ID, Time: r.Time.UTC(), LastEventID: r.LastEventID, Refused: r.Refused, Reason: r.Reason,
-			Fence: Fence{ClusterID: r.ClusterID, JobID: r.JobID, Step: r.Step, MachineID: r.MachineID},
+			ID: r.ID, Time: r.Time.UTC(), LastEventID: r.LastEventID, Refused: r.Refused, Reason: r.Reason, Server: r.Server,
+			Fence: Fence{ClusterID: r.ClusterID, JobID: r.JobID, Attempt: r.Attempt, Step: r.Step, MachineID: r.MachineID},
 		}
 	}
 	return out, nil

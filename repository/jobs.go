@@ -27,6 +27,7 @@ func newJobRow(nj NewJob, clusterID, account string, now time.Time) jobRow {
 		RequestHash:       nj.RequestHash,
 		Params:            nj.Params,
 		StepsTotal:        nj.StepsTotal,
+		Attempt:           1,
 		Deadline:          nj.Deadline.UTC().Truncate(time.Microsecond),
 		CreateTime:        now,
 		UpdateTime:        now,
@@ -103,16 +104,20 @@ type Progress struct {
 	Step       string
 	StepsDone  int32
 	StepsTotal int32
+	// Attempt, when set, is the attempt of the job that writes: the write
+	// misses once the job has been adopted by another server (Job.Attempt).
+	Attempt int32
 }
 
 // RecordProgress stores a running job's step and returns the job as stored,
 // so the runner learns in the same round trip whether a cancellation was
 // requested (possibly through another server). A job that is no longer
-// IN_PROGRESS (recovery failed it) is a *JobConflictError: its work must stop.
+// IN_PROGRESS (recovery failed it), or no longer at p.Attempt (another server
+// adopted it), is a *JobConflictError: its work must stop.
 func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (Job, error) {
 	var res *gorm.DB
 	err := s.retrying(ctx, func() error {
-		res = s.db.WithContext(ctx).Model(&jobRow{}).
+		res = atAttempt(s.db.WithContext(ctx).Model(&jobRow{}), p.Attempt).
 			Where("id = ? AND status = ?", jobID, string(JobInProgress)).
 			Updates(map[string]any{
 				"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
@@ -128,20 +133,40 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 		return Job{}, err
 	}
 	if res.RowsAffected != 1 {
-		return job, &JobConflictError{JobID: jobID, Status: job.Status}
+		return job, jobConflict(job)
 	}
 	return job, nil
 }
 
-// JobConflictError says a job write expected IN_PROGRESS but found the job
-// already ended (by its runner or by recovery).
+// atAttempt conditions a job write on the writer's attempt (none when 0).
+func atAttempt(db *gorm.DB, attempt int32) *gorm.DB {
+	if attempt > 0 {
+		return db.Where("attempt = ?", attempt)
+	}
+	return db
+}
+
+// JobConflictError says a job write expected the job IN_PROGRESS at the
+// writer's attempt, but found it already ended (by its runner or by
+// recovery), or adopted by another server since (Status IN_PROGRESS, a later
+// Attempt).
 type JobConflictError struct {
 	JobID  string
 	Status JobStatus
+	// Attempt and ServerID are the job's as found.
+	Attempt  int32
+	ServerID string
 }
 
-// Error names the status the job already has.
+func jobConflict(j Job) *JobConflictError {
+	return &JobConflictError{JobID: j.ID, Status: j.Status, Attempt: j.Attempt, ServerID: j.ServerID}
+}
+
+// Error names the status the job already has, or who adopted it.
 func (e *JobConflictError) Error() string {
+	if e.Status == JobInProgress {
+		return fmt.Sprintf("job %s was adopted: attempt %d runs on server %s", e.JobID, e.Attempt, e.ServerID)
+	}
 	return fmt.Sprintf("job %s already ended: %s", e.JobID, e.Status)
 }
 
@@ -174,11 +199,15 @@ type Finish struct {
 	// holds the cluster; otherwise the job still ends and FinishJob returns
 	// ErrNotHeld.
 	Release *Transition
+	// Attempt, when set, is the attempt that ends the job: nothing is
+	// written once another server has adopted it (Job.Attempt).
+	Attempt int32
 }
 
 // FinishJob ends an IN_PROGRESS job and, in the same transaction, releases the
-// cluster it holds. A job that already ended is a *JobConflictError and
-// nothing is written.
+// cluster it holds. A job that already ended, or that another server adopted
+// since f.Attempt, is a *JobConflictError and nothing is written (the
+// cluster's release included: it is one transaction).
 func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 	if !f.Status.Done() {
 		return Job{}, fmt.Errorf("finish job %s: status %s is not final", f.JobID, f.Status)
@@ -201,7 +230,7 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 			}
 		}
 		now := s.stamp()
-		res := tx.Model(&jobRow{}).
+		res := atAttempt(tx.Model(&jobRow{}), f.Attempt).
 			Where("id = ? AND status = ?", f.JobID, string(JobInProgress)).
 			Updates(map[string]any{
 				"status": string(f.Status), "result": f.Result, "error": f.Error,
@@ -220,7 +249,7 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 		if gerr != nil {
 			return Job{}, gerr
 		}
-		return job, &JobConflictError{JobID: f.JobID, Status: job.Status}
+		return job, jobConflict(job)
 	}
 	if err != nil {
 		return Job{}, fmt.Errorf("finish job %s: %w", f.JobID, err)

@@ -91,10 +91,19 @@ type Job struct {
 	StepsDone       int32
 	StepsTotal      int32
 	CancelRequested bool
-	Deadline        time.Time
-	CreateTime      time.Time
-	UpdateTime      time.Time
-	EndTime         *time.Time
+	// Attempt counts the servers that have run the job: 1 for the server
+	// that claimed it, one more for each adoption (SPEC §5 step 4). With the
+	// job's id it is the fencing token of every infrastructure call and the
+	// condition of every write the job makes, so a server whose job was
+	// adopted is refused from that instant.
+	Attempt int32
+	// HandedOff is set when the job's server let go of it on a graceful stop
+	// (at a step boundary): any live server may adopt it at once.
+	HandedOff  bool
+	Deadline   time.Time
+	CreateTime time.Time
+	UpdateTime time.Time
+	EndTime    *time.Time
 }
 
 // Event is one entry of a cluster's history.
@@ -171,6 +180,8 @@ type jobRow struct {
 	StepsDone         int32
 	StepsTotal        int32
 	CancelRequested   bool
+	Attempt           int32
+	HandedOff         bool
 	Deadline          time.Time
 	CreateTime        time.Time
 	UpdateTime        time.Time
@@ -260,6 +271,8 @@ func (r *jobRow) toJob() Job {
 		StepsDone:         r.StepsDone,
 		StepsTotal:        r.StepsTotal,
 		CancelRequested:   r.CancelRequested,
+		Attempt:           r.Attempt,
+		HandedOff:         r.HandedOff,
 		Deadline:          r.Deadline.UTC(),
 		CreateTime:        r.CreateTime.UTC(),
 		UpdateTime:        r.UpdateTime.UTC(),

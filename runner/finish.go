@@ -77,7 +77,7 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 	ctx, cancel := context.WithTimeout(r.finishCtx, r.finishTimeout)
 	defer cancel()
 
-	f := repository.Finish{JobID: t.Job.ID}
+	f := repository.Finish{JobID: t.Job.ID, Attempt: t.Job.Attempt}
 	var cause error
 	if runErr == nil {
 		f.Status, f.Result, f.Release = repository.JobSucceeded, out.Result, out.Release
@@ -93,6 +93,9 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 		}
 	} else {
 		e := classify(jobCtx, t.Job.Deadline, runErr)
+		if r.handOff && (errors.Is(e.cause, ErrShutdown) || errors.Is(e.cause, ErrLeaseLost)) && r.handOffJob(log, t, p, e.cause) {
+			return repository.Job{}, false
+		}
 		f.Status, f.Error, cause = e.status, r.encode(e.cause), e.cause
 		log.Info("job did not succeed", "status", e.status, "cause", e.cause, "err", runErr)
 	}

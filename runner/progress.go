@@ -16,14 +16,25 @@ import (
 // steps, never in the middle of one (a half-done infrastructure step is worse
 // than a finished one). It is safe for concurrent use.
 type Progress struct {
-	store Store
-	jobID string
-	lease Lease
+	store   Store
+	jobID   string
+	attempt int32
+	lease   Lease
+	// base is the steps an earlier attempt finished (an adopted job): this
+	// attempt's steps count on from there.
+	base int32
 
 	mu      sync.Mutex
 	step    string // the step started last
-	started int32  // steps started so far
-	total   int32
+	started int32  // steps started so far by this attempt
+	total   int32  // steps this attempt expects
+}
+
+// newProgress is the progress of job j's attempt: it writes at j's attempt
+// (so it stops once another server adopts the job) and counts on from the
+// steps j had finished when this attempt began.
+func newProgress(store Store, j repository.Job, lease Lease) *Progress {
+	return &Progress{store: store, jobID: j.ID, attempt: j.Attempt, lease: lease, base: j.StepsDone, total: max(0, j.StepsTotal-j.StepsDone)}
 }
 
 // Step records that the job starts step name (e.g. "power_on"): the previous
@@ -34,8 +45,8 @@ type Progress struct {
 //   - ErrCancelled if the job has CancelRequested (SPEC §4): stop and return
 //     it; the job ends CANCELLED;
 //   - an error wrapping ErrJobEnded (and the store's error) if the job is no
-//     longer IN_PROGRESS: recovery ended it, so stop; the runner writes
-//     nothing more;
+//     longer IN_PROGRESS (recovery ended it) or another server adopted it
+//     (a later attempt runs it): stop; the runner writes nothing more;
 //   - an error wrapping ctx's error if ctx is done (deadline or shutdown);
 //   - an error wrapping ErrLeaseLost if this server's lease has lapsed (its
 //     heartbeat is older than the peer timeout): peers may have failed the
@@ -52,7 +63,7 @@ func (p *Progress) Step(ctx context.Context, name string) error {
 		}
 	}
 	p.mu.Lock()
-	rec := repository.Progress{Step: name, StepsDone: p.started, StepsTotal: p.total}
+	rec := repository.Progress{Step: name, StepsDone: p.base + p.started, StepsTotal: p.base + p.total, Attempt: p.attempt}
 	p.started++
 	p.step = name
 	p.mu.Unlock()
@@ -68,6 +79,8 @@ func (p *Progress) Step(ctx context.Context, name string) error {
 		return fmt.Errorf("job %s: step %s: %w", p.jobID, name, err)
 	case job.Status.Done():
 		return fmt.Errorf("job %s: step %s: %w (status %s)", p.jobID, name, ErrJobEnded, job.Status)
+	case p.attempt > 0 && job.Attempt != p.attempt:
+		return fmt.Errorf("job %s: step %s: %w (adopted: attempt %d on server %s)", p.jobID, name, ErrJobEnded, job.Attempt, job.ServerID)
 	case job.CancelRequested:
 		return fmt.Errorf("job %s: at step %s: %w", p.jobID, name, ErrCancelled)
 	}
@@ -83,10 +96,17 @@ func (p *Progress) SetTotal(n int32) {
 	p.mu.Unlock()
 }
 
+// current is the step started last ("" before the first).
+func (p *Progress) current() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.step
+}
+
 // final is the progress of a job whose work succeeded: every step started is
 // done. ok is false when Run never called Step.
 func (p *Progress) final() (rec repository.Progress, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return repository.Progress{Step: p.step, StepsDone: p.started, StepsTotal: p.total}, p.started > 0
+	return repository.Progress{Step: p.step, StepsDone: p.base + p.started, StepsTotal: p.base + p.total, Attempt: p.attempt}, p.started > 0
 }

@@ -59,6 +59,9 @@ type Store interface {
 	// FinishJob ends an IN_PROGRESS job and releases its cluster in one
 	// transaction.
 	FinishJob(ctx context.Context, f repository.Finish) (repository.Job, error)
+	// HandOffJob lets go of a running job, still IN_PROGRESS and holding its
+	// cluster, for another server to adopt (Config.HandOff).
+	HandOffJob(ctx context.Context, h repository.HandOff) (repository.Job, error)
 }
 
 // Task is one claimed job and the work to do for it. The claim must have
@@ -168,6 +171,13 @@ type Config struct {
 	// of a google.rpc.Status with its ErrorInfo: one mapping, the service's,
 	// for operations and RPCs alike. Nil stores the code and message only.
 	Encode func(cause error) string
+	// HandOff makes a job interrupted by Shutdown or by the loss of the
+	// lease hand itself off (Store.HandOffJob) at the step boundary where it
+	// stopped, instead of failing: it stays IN_PROGRESS, holding its
+	// cluster, for a live server to adopt and run on (SPEC §5 step 4).
+	// Without it such a job ends FAILED (UNAVAILABLE) and its cluster is
+	// released to the failure state.
+	HandOff bool
 }
 
 // Lease says whether this server may still act (package lease): nil while
@@ -188,6 +198,7 @@ type Runner struct {
 	finishTimeout time.Duration
 	lease         Lease
 	encode        func(error) string
+	handOff       bool
 
 	// ctx is the parent of every job's context. It belongs to the runner, not
 	// to any request, and only Shutdown cancels it.
@@ -229,6 +240,7 @@ func New(cfg Config) *Runner {
 		finishTimeout: timeout,
 		lease:         cfg.Lease,
 		encode:        encode,
+		handOff:       cfg.HandOff,
 		ctx:           ctx,
 		cancel:        cancel,
 		finishCtx:     finishCtx,
@@ -302,17 +314,28 @@ func (r *Runner) Running() []string {
 	return ids
 }
 
-// Shutdown stops accepting tasks, cancels the running jobs' contexts (their
-// current step is interrupted; they end FAILED with cause ErrShutdown and
-// their Release applied), and waits for every job goroutine. If ctx is done
-// first it returns an error wrapping ctx.Err(); the jobs keep ending in the
-// background, each bounded by FinishTimeout. Shutdown may be called more than
-// once.
-func (r *Runner) Shutdown(ctx context.Context) error {
+// Interrupt stops accepting tasks and cancels the running jobs' contexts,
+// without waiting for them (Shutdown does). Called first in a graceful stop,
+// it makes sure every job sees its context done, and so ends as interrupted
+// by the shutdown (ErrShutdown: handed off with Config.HandOff), whatever
+// else the stop then does to its current step (a simulated held step let go
+// with its own error).
+func (r *Runner) Interrupt() {
 	r.mu.Lock()
 	r.stopped = true
 	r.mu.Unlock()
 	r.cancel()
+}
+
+// Shutdown stops accepting tasks, cancels the running jobs' contexts (their
+// current step is interrupted; they end FAILED with cause ErrShutdown and
+// their Release applied, or with Config.HandOff are handed off for another
+// server to adopt), and waits for every job goroutine. If ctx is done
+// first it returns an error wrapping ctx.Err(); the jobs keep ending in the
+// background, each bounded by FinishTimeout. Shutdown may be called more than
+// once.
+func (r *Runner) Shutdown(ctx context.Context) error {
+	r.Interrupt()
 
 	done := make(chan struct{})
 	go func() {
@@ -343,7 +366,7 @@ func (r *Runner) run(t Task) {
 
 	jobCtx, cancel := context.WithDeadline(r.ctx, t.Job.Deadline)
 	defer cancel()
-	p := &Progress{store: r.store, jobID: t.Job.ID, total: t.Job.StepsTotal, lease: r.lease}
+	p := newProgress(r.store, t.Job, r.lease)
 
 	out, err := r.call(jobCtx, log, t, p)
 	final, ok := r.finish(jobCtx, log, t, p, out, err)

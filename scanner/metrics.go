@@ -9,6 +9,9 @@ import (
 type Report struct {
 	// JobsFailed: IN_PROGRESS jobs of dead servers or earlier incarnations.
 	JobsFailed int
+	// Adopted: jobs of dead servers, earlier incarnations or handed off that
+	// this server adopted.
+	Adopted int
 	// Recovered: recovery and reconciliation actions that won their CAS.
 	Recovered int
 	// Reconciled: clusters reconciliation acted on (won or lost).
@@ -37,8 +40,8 @@ var PassBuckets = [...]time.Duration{
 
 // counters accumulate reports for metrics (the server exports them).
 type counters struct {
-	passes, jobsFailed, recovered, lostRaces, purged, errors atomic.Int64
-	lastPassNanos                                            atomic.Int64
+	passes, jobsFailed, adopted, recovered, lostRaces, purged, errors atomic.Int64
+	lastPassNanos                                                     atomic.Int64
 	// passNanos and passBuckets make the histogram of pass durations: their
 	// sum, and per bound of PassBuckets the passes at most that long.
 	passNanos   atomic.Int64
@@ -48,6 +51,7 @@ type counters struct {
 func (c *counters) record(r Report) {
 	c.passes.Add(1)
 	c.jobsFailed.Add(int64(r.JobsFailed))
+	c.adopted.Add(int64(r.Adopted))
 	c.recovered.Add(int64(r.Recovered))
 	c.lostRaces.Add(int64(r.LostRaces))
 	c.purged.Add(int64(r.Purged))
@@ -63,8 +67,8 @@ func (c *counters) record(r Report) {
 
 // Metrics is a snapshot of the scanner's counters since the process started.
 type Metrics struct {
-	Passes, JobsFailed, Recovered, LostRaces, Purged, Errors int64
-	LastPass                                                 time.Duration
+	Passes, JobsFailed, Adopted, Recovered, LostRaces, Purged, Errors int64
+	LastPass                                                          time.Duration
 	// PassTotal is the time all passes took; PassesWithin[i] counts the
 	// passes that took at most PassBuckets[i] (a cumulative histogram, as
 	// Prometheus wants it).
@@ -77,7 +81,7 @@ type Metrics struct {
 func (s *Scanner) Metrics() Metrics {
 	c := &s.metrics
 	m := Metrics{
-		Passes: c.passes.Load(), JobsFailed: c.jobsFailed.Load(), Recovered: c.recovered.Load(),
+		Passes: c.passes.Load(), JobsFailed: c.jobsFailed.Load(), Adopted: c.adopted.Load(), Recovered: c.recovered.Load(),
 		LostRaces: c.lostRaces.Load(), Purged: c.purged.Load(), Errors: c.errors.Load(),
 		LastPass: time.Duration(c.lastPassNanos.Load()), PassTotal: time.Duration(c.passNanos.Load()),
 	}

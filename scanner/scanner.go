@@ -31,6 +31,7 @@ import (
 
 // Store is the part of the repository the scanner reads and writes.
 type Store interface {
+	AdoptableJobs(ctx context.Context, q repository.AdoptableQuery) ([]repository.Job, error)
 	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error)
 	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.Job, error)
 	FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error
@@ -79,6 +80,14 @@ type Config struct {
 	// its cause (runner.ErrServerRestarted, ErrOwnerStopped, ErrJobLost):
 	// the service's one mapping. Nil stores code and message only.
 	Encode func(cause error) string
+	// Adopter, optional, takes over the running jobs of dead servers and
+	// earlier incarnations, and handed-off jobs, instead of their being
+	// failed (SPEC §5 step 4, --on-owner-loss=resume). Without it they fail
+	// and their clusters are recovered (--on-owner-loss=fail).
+	Adopter Adopter
+	// MaxAttempts (default 3): a job that has run this many times is failed,
+	// not adopted again.
+	MaxAttempts int32
 	// PeerTimeout (default 6s): a server whose heartbeat is older is dead.
 	PeerTimeout time.Duration
 	// ScanInterval (default 2s): liveness and orphan recovery.
@@ -134,6 +143,9 @@ func New(cfg Config) *Scanner {
 	def(&cfg.ScanInterval, 2*time.Second)
 	def(&cfg.ReconcileInterval, 10*time.Second)
 	def(&cfg.JobRetention, 7*24*time.Hour)
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
 	s := &Scanner{cfg: cfg, log: cfg.Logger, now: cfg.Clock, destroyRetry: map[string]retry{}}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -194,17 +206,23 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 			s.log.Warn("scan pass error", "error", err.Error())
 		}
 	}
-	if r.JobsFailed > 0 || r.Recovered > 0 || r.Reconciled > 0 || len(r.Errors) > 0 {
-		s.log.Info("scan pass", "jobs_failed", r.JobsFailed, "recovered", r.Recovered, "reconciled", r.Reconciled,
+	if r.JobsFailed > 0 || r.Adopted > 0 || r.Recovered > 0 || r.Reconciled > 0 || len(r.Errors) > 0 {
+		s.log.Info("scan pass", "jobs_failed", r.JobsFailed, "adopted", r.Adopted, "recovered", r.Recovered, "reconciled", r.Reconciled,
 			"lost_races", r.LostRaces, "purged", r.Purged, "errors", len(r.Errors), "duration", r.Duration)
 	}
 	return r
 }
 
 // liveness fails the IN_PROGRESS jobs of this server's earlier incarnations
-// and of servers whose heartbeat is older than the peer timeout.
+// and of servers whose heartbeat is older than the peer timeout; with an
+// Adopter, those that may still be adopted are adopted first, so only the
+// others (out of attempts or time, or of no cluster) fail.
 func (s *Scanner) liveness(ctx context.Context, r *Report) {
 	cutoff := s.now().Add(-s.cfg.PeerTimeout)
+	if s.cfg.Adopter != nil && !s.adopt(ctx, r, cutoff) {
+		s.lostJobs(ctx, r)
+		return
+	}
 	restarted, stopped, err := s.cfg.Store.FailJobsOfDeadServers(ctx, s.cfg.Self, cutoff, s.encode(runner.ErrServerRestarted), s.encode(runner.ErrOwnerStopped))
 	r.JobsFailed += int(restarted + stopped)
 	if err != nil {

@@ -301,6 +301,7 @@ var (
 	scanLastPassDesc = prometheus.NewDesc("clusterd_scanner_last_pass_seconds", "How long the scanner's last pass took.", nil, nil)
 	scanPasses       = scannerCounter("passes", "Scanner passes run (not those skipped without a lease).")
 	scanJobsFailed   = scannerCounter("jobs_failed", "Jobs of dead servers, earlier incarnations or lost by this one that the scanner failed.")
+	scanJobsAdopted  = scannerCounter("jobs_adopted", "Jobs of dead servers, earlier incarnations or handed off that this server adopted and runs on.")
 	scanRecovered    = scannerCounter("recovered", "Recovery and reconciliation actions whose compare-and-set won.")
 	scanLostRaces    = scannerCounter("lost_races", "Scanner actions another server or a user won first (normal).")
 	scanPurged       = scannerCounter("purged", "Finished jobs deleted after the retention period.")
@@ -309,7 +310,7 @@ var (
 
 // Describe lists the scanner's metrics.
 func (c scannerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{scanPassDesc, scanLastPassDesc, scanPasses, scanJobsFailed, scanRecovered, scanLostRaces, scanPurged, scanErrors} {
+	for _, d := range []*prometheus.Desc{scanPassDesc, scanLastPassDesc, scanPasses, scanJobsFailed, scanJobsAdopted, scanRecovered, scanLostRaces, scanPurged, scanErrors} {
 		ch <- d
 	}
 }
@@ -322,6 +323,7 @@ func (c scannerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(scanPasses, m.Passes)
 	counter(scanJobsFailed, m.JobsFailed)
+	counter(scanJobsAdopted, m.Adopted)
 	counter(scanRecovered, m.Recovered)
 	counter(scanLostRaces, m.LostRaces)
 	counter(scanPurged, m.Purged)

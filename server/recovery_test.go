@@ -51,9 +51,13 @@ func (h *harness) historyNames(t *testing.T, name string) []string {
 	return out
 }
 
+// failOnOwnerLoss runs a server that fails the jobs of dead servers rather
+// than adopting them (--on-owner-loss=fail).
+func failOnOwnerLoss(c *Config) { c.OnOwnerLoss = OnOwnerLossFail }
+
 func TestRecovery_CreatedClusterOfADeadServerGoesToError(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
-		h := start(t, b, busyScanner)
+		h := start(t, b, busyScanner, failOnOwnerLoss)
 		// A server that never heartbeat here created it and died before its
 		// create job's first step: CREATED, held by a job nobody runs.
 		c, j, err := h.seed.CreateCluster(tctx(t), repository.NewCluster{Account: "acme", DisplayName: "orphan",

@@ -88,7 +88,23 @@ type Config struct {
 	Reload <-chan os.Signal
 	// DebugAddr, when set, serves net/http/pprof there (see listenDebug).
 	DebugAddr string
+	// OnOwnerLoss is what becomes of a running operation whose server stops
+	// or dies (SPEC §5): OnOwnerLossResume (the default) hands it off on a
+	// graceful stop and lets a live server adopt it and run it on;
+	// OnOwnerLossFail fails it and recovers its cluster, as before adoption
+	// existed. Every server sharing a database should use the same.
+	OnOwnerLoss string
+	// MaxOperationAttempts bounds adoption: an operation that has run this
+	// many times (on the server that accepted it and the ones that adopted
+	// it) is failed when its server is lost again (default 3).
+	MaxOperationAttempts int
 }
+
+// What becomes of an operation whose server stops or dies (Config.OnOwnerLoss).
+const (
+	OnOwnerLossResume = "resume"
+	OnOwnerLossFail   = "fail"
+)
 
 // Server is a running clusterd process; tests use it to learn bound addresses.
 type Server struct {
@@ -181,17 +197,22 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 
 	s.ops = service.NewOperations(s.store)
-	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.metrics.jobDone(s.ops.Notify), Lease: s.lease,
+	resume := cfg.OnOwnerLoss == OnOwnerLossResume
+	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.metrics.jobDone(s.ops.Notify), Lease: s.lease, HandOff: resume,
 		Encode: service.EncodeJobError})
 	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
 	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
-		Lease: s.lease,
+		Lease: s.lease, HandOff: resume,
 	})
+	var adopter scanner.Adopter
+	if resume {
+		adopter = s.clusters
+	}
 	s.scanner = scanner.New(scanner.Config{
 		Store: s.store, Recoverer: s.metrics.recoverer(s.clusters), Infra: s.sim, Self: s.self, Lease: s.lease, Running: s.runner.Running,
-		Encode:      service.EncodeJobError,
+		Encode: service.EncodeJobError, Adopter: adopter, MaxAttempts: int32(cfg.MaxOperationAttempts),
 		PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
 	})
@@ -222,7 +243,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cleanup()
 		return nil, err
 	}
-	s.log.Info("clusterd ready", "server_id", cfg.ServerID, "incarnation", s.self.Incarnation,
+	s.log.Info("clusterd ready", "server_id", cfg.ServerID, "incarnation", s.self.Incarnation, "on_owner_loss", cfg.OnOwnerLoss,
 		"database", string(s.store.Backend()), "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "infra", cfg.Infra,
 		"identities", s.identities(), "tls", s.certs != nil)
 	return s, nil
@@ -405,6 +426,16 @@ func (c *Config) defaults() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 15 * time.Second
+	}
+	switch c.OnOwnerLoss {
+	case "":
+		c.OnOwnerLoss = OnOwnerLossResume
+	case OnOwnerLossResume, OnOwnerLossFail:
+	default:
+		return fmt.Errorf("config: on-owner-loss %q is not %s or %s", c.OnOwnerLoss, OnOwnerLossResume, OnOwnerLossFail)
+	}
+	if c.MaxOperationAttempts <= 0 {
+		c.MaxOperationAttempts = scanner.DefaultMaxAttempts
 	}
 	return nil
 }

@@ -49,7 +49,12 @@ type harness struct {
 
 func start(t testing.TB, b repotest.Backend, mutate ...func(*Config)) *harness {
 	t.Helper()
-	dsn := b.NewDSN(t)
+	return startOn(t, b.NewDSN(t), mutate...)
+}
+
+// startOn is start on the database dsn, which other servers may share.
+func startOn(t testing.TB, dsn string, mutate ...func(*Config)) *harness {
+	t.Helper()
 	cfg := Config{
 		Database: dsn, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: "test-server",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HealthInterval: 50 * time.Millisecond,
@@ -102,7 +107,7 @@ func start(t testing.TB, b repotest.Backend, mutate ...func(*Config)) *harness {
 	h.clients.clusters = clv1.NewClusterLifecycleClient(h.conn)
 	h.clients.ops = longrunningpb.NewOperationsClient(h.conn)
 	h.clients.sim = clv1.NewSimulatorClient(h.conn)
-	h.seed, err = repository.Open(ctx, dsn, repository.WithServerID("test-server"))
+	h.seed, err = repository.Open(ctx, dsn, repository.WithServerID(cfg.ServerID))
 	if err != nil {
 		t.Fatal(err)
 	}

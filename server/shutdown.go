@@ -38,13 +38,15 @@ func (s *Server) startBackground() {
 //     WaitOperation answers at once with the operation as it stands.
 //  2. The scanner stops (it would claim recoveries).
 //  3. Jobs stop at their next step: their contexts are cancelled, steps held
-//     by the simulator return, and each records its end (FAILED, "server
+//     by the simulator return, and each is handed off (IN_PROGRESS, its
+//     cluster still held, for a live server to adopt at once; with
+//     OnOwnerLoss fail, it records its end instead: FAILED, "server
 //     shutting down", its cluster released to the failure state) before
 //     the runner returns.
 //  4. Connections drain: by now every RPC is short.
-//  5. The heartbeat stops and the server id is given up, so peers fail at
-//     once whatever job could not record its end, and a restart need not
-//     wait for the id.
+//  5. The heartbeat stops and the server id is given up, so peers adopt (or
+//     fail) at once whatever job could not record its hand-off or its end,
+//     and a restart need not wait for the id.
 //  6. The database closes: every goroutine that could use it has ended.
 func (s *Server) shutdown() error {
 	began := time.Now()
@@ -67,6 +69,9 @@ func (s *Server) shutdown() error {
 		<-bg.scannerDone
 	}
 
+	// The jobs' contexts first, so that a held step let go by StopHolding
+	// is seen as the shutdown's interruption, not as the step's failure.
+	s.runner.Interrupt()
 	s.sim.StopHolding()
 	if err := s.runner.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("stop jobs: %w", err))

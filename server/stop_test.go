@@ -18,14 +18,15 @@ import (
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
-// A graceful stop while a client waits on an operation whose step is held:
-// the wait is answered at once with the operation as it stands, the job
-// stops at its held step and records its end (cluster released to the
-// failure state), and Serve returns without error well inside the budget,
-// having given the server id up.
+// A graceful stop while a client waits on an operation whose step is held
+// (with --on-owner-loss=fail): the wait is answered at once with the
+// operation as it stands, the job stops at its held step and records its end
+// (cluster released to the failure state), and Serve returns without error
+// well inside the budget, having given the server id up. (With resume, the
+// default, the job is handed off instead: TestGracefulStopHandsOff.)
 func TestGracefulStopAnswersWaitsAndEndsJobs(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
-		r := newRig(t, b)
+		r := newRig(t, b, failOnOwnerLoss)
 		name := r.create("graceful", 2).GetName()
 		f := r.hold(infra.StepJoinNode, name)
 		op := r.accepted(r.scaleTo(name, 3))

@@ -148,6 +148,7 @@ func toOperation(j repository.Job) (*longrunningpb.Operation, error) {
 		StepsTotal:            j.StepsTotal,
 		RequestedCancellation: j.CancelRequested,
 		CreateTime:            timestamppb.New(j.CreateTime),
+		Attempt:               j.Attempt,
 	}
 	if j.ResourceID != "" {
 		md.Cluster = clusterName(j.ResourceID)

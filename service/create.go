@@ -64,11 +64,7 @@ func (e *AlreadyExistsError) Error() string { return e.What + " already exists" 
 // up ends in ERROR (CREATE_FAILED); after it, in ALERT.
 func (s *Clusters) createWork(ctx context.Context, o *op) (repository.Changes, error) {
 	o.failEvent = lifecycle.CreateFailed
-	o.expect(1)
-	if err := o.step(ctx, "claim_starting"); err != nil {
-		return repository.Changes{}, err
-	}
-	c, err := o.move(ctx, lifecycle.StartRequested, "create: provisioning")
+	c, err := o.claimStarting(ctx)
 	if err != nil {
 		return repository.Changes{}, err
 	}
@@ -81,6 +77,27 @@ func (s *Clusters) createWork(ctx context.Context, o *op) (repository.Changes, e
 		return repository.Changes{}, err
 	}
 	return repository.Changes{Endpoint: &endpoint}, nil
+}
+
+// claimStarting is a create's first step: CREATED -> STARTING, the cluster
+// still held by the create. An adopted create whose earlier attempt made
+// that move already (the state machine has no START_REQUESTED from the
+// state the cluster is in now) goes on from the cluster as it is.
+func (o *op) claimStarting(ctx context.Context) (repository.Cluster, error) {
+	if o.resumed() {
+		c, err := o.held(ctx)
+		if err != nil {
+			return c, err
+		}
+		if _, err := lifecycle.Next(c.State, lifecycle.StartRequested); err != nil {
+			return c, nil
+		}
+	}
+	o.expect(1)
+	if err := o.step(ctx, "claim_starting"); err != nil {
+		return repository.Cluster{}, err
+	}
+	return o.move(ctx, lifecycle.StartRequested, "create: provisioning")
 }
 
 // bringUp converges a cluster's machines to its spec and gets Kubernetes up
@@ -178,17 +195,36 @@ func (o *op) finishUp(ctx context.Context, c repository.Cluster) error {
 }
 
 // configureNetwork converges the cluster's rules to those its machines need:
-// ssh to every node, the API port to control nodes.
+// ssh to every node, the API port to control nodes. An adopted operation
+// skips the step when the rules are already those (an earlier attempt
+// configured them).
 func (o *op) configureNetwork(ctx context.Context, machines []infra.Machine) error {
+	want := rulesFor(machines)
+	if o.resumed() {
+		have, err := o.s.infra.Rules(ctx, o.job.ResourceID)
+		if err != nil {
+			return err
+		}
+		if sameRules(have, want) {
+			o.expect(-1)
+			return nil
+		}
+	}
 	return o.do(ctx, infra.StepConfigureNetwork, func() error {
-		return o.s.infra.ConfigureNetwork(ctx, o.call(""), rulesFor(machines))
+		return o.s.infra.ConfigureNetwork(ctx, o.call(""), want)
 	})
 }
 
-// rulesFor is the desired network rules of a set of machines.
+// rulesFor is the desired network rules of a set of machines (a machine
+// listed twice gets its rules once).
 func rulesFor(machines []infra.Machine) []infra.Rule {
 	var rules []infra.Rule
+	seen := map[string]bool{}
 	for _, m := range machines {
+		if seen[m.ID] {
+			continue
+		}
+		seen[m.ID] = true
 		rules = append(rules, infra.Rule{MachineID: m.ID, Kind: "ssh", Port: 22})
 		if m.Role == infra.RoleControl {
 			rules = append(rules, infra.Rule{MachineID: m.ID, Kind: "api", Port: 6443})

@@ -80,7 +80,23 @@ func (s *Clusters) checkAdd(ctx context.Context, c repository.Cluster, p nodesPl
 // and joins the new nodes.
 func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.Changes, error) {
 	o.expect(int32(2*len(p.Machines)) + 1)
+	// An adopted add skips the machines an earlier attempt adopted
+	// (validate_node) or joined already.
+	mine := map[string]infra.Machine{}
+	if o.resumed() {
+		ms, err := s.infra.Machines(ctx, o.job.ResourceID)
+		if err != nil {
+			return repository.Changes{}, err
+		}
+		for _, m := range ms {
+			mine[m.ID] = m
+		}
+	}
 	for _, id := range p.Machines {
+		if _, ok := mine[id]; ok {
+			o.expect(-1)
+			continue
+		}
 		if err := o.do(ctx, infra.StepValidateNode, func() error { return s.infra.ValidateNode(ctx, o.call(id)) }); err != nil {
 			return repository.Changes{}, err
 		}
@@ -97,6 +113,10 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 		return repository.Changes{}, err
 	}
 	for _, id := range p.Machines {
+		if m, ok := mine[id]; ok && m.Joined {
+			o.expect(-1)
+			continue
+		}
 		if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(id), c.Spec.KubernetesVersion) }); err != nil {
 			return repository.Changes{}, err
 		}
@@ -159,7 +179,15 @@ func (s *Clusters) removeWork(ctx context.Context, o *op, p nodesPlan) (reposito
 	if err != nil {
 		return repository.Changes{}, err
 	}
-	o.expect(int32(2*len(p.Machines)) + 1)
+	// drain and delete per node still in the cluster (an adopted remove
+	// finds those an earlier attempt removed gone), and the network.
+	present := 0
+	for _, m := range machines {
+		if slices.Contains(p.Machines, m.ID) {
+			present++
+		}
+	}
+	o.expect(int32(2*present) + 1)
 	spec := c.Spec
 	var keep []infra.Machine
 	for _, m := range machines {
@@ -167,7 +195,7 @@ func (s *Clusters) removeWork(ctx context.Context, o *op, p nodesPlan) (reposito
 			keep = append(keep, m)
 			continue
 		}
-		if err := o.do(ctx, infra.StepDrainNode, func() error { return s.infra.DrainNode(ctx, o.call(m.ID)) }); err != nil {
+		if err := o.drain(ctx, m); err != nil {
 			return repository.Changes{}, err
 		}
 		if err := o.do(ctx, infra.StepDeleteNode, func() error { return s.infra.DeleteNode(ctx, o.call(m.ID)) }); err != nil {
@@ -181,6 +209,12 @@ func (s *Clusters) removeWork(ctx context.Context, o *op, p nodesPlan) (reposito
 	}
 	if err := o.configureNetwork(ctx, keep); err != nil {
 		return repository.Changes{}, err
+	}
+	if o.resumed() {
+		// The nodes an earlier attempt removed are no longer the cluster's
+		// (and their role is gone with them): count what is kept.
+		spec.ControlNodeCount = int32(countRole(keep, infra.RoleControl))
+		spec.WorkerNodeCount = int32(countRole(keep, infra.RoleWorker))
 	}
 	return repository.Changes{Spec: &spec}, nil
 }

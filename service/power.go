@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"slices"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 
@@ -58,7 +59,11 @@ func (s *Clusters) stopWork(ctx context.Context, o *op) (repository.Changes, err
 	}
 	// Every machine, even one already off (the step is idempotent): what a
 	// stop does is then the same whatever the machines' state, and a test
-	// can hold the scanner's stop of an ALERT cluster like any other.
+	// can hold the scanner's stop of an ALERT cluster like any other. An
+	// adopted stop goes on from the first machine still running.
+	if o.resumed() {
+		machines = slices.DeleteFunc(machines, func(m infra.Machine) bool { return m.Power == infra.PowerStopped })
+	}
 	o.expect(int32(len(machines)))
 	for _, m := range machines {
 		if err := o.do(ctx, infra.StepPowerOff, func() error { return s.infra.PowerOff(ctx, o.call(m.ID)) }); err != nil {
@@ -91,7 +96,8 @@ func (s *Clusters) deleteWork(ctx context.Context, o *op) (repository.Changes, e
 			return repository.Changes{}, err
 		}
 	}
-	// Rules of destroyed machines go with them; this removes any stragglers.
+	// Rules of destroyed machines go with them; this removes any stragglers
+	// (an adopted delete whose rules are all gone skips it).
 	if err := o.configureNetwork(ctx, nil); err != nil {
 		return repository.Changes{}, err
 	}

@@ -25,28 +25,46 @@ import (
 // orphan event (-> ALERT, RUNNING or ERROR). orphanKind is the interrupted
 // job's kind ("" if unknown); reason goes to the history.
 func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orphanKind, reason string) error {
-	ev, _ := lifecycle.OrphanEvent(c.State)
-	if ev == lifecycle.DestroyRequested {
+	if ev, _ := lifecycle.OrphanEvent(c.State); ev == lifecycle.DestroyRequested {
 		return s.RetryDestroy(ctx, c, reason)
 	}
+	plan := recoverPlan{Orphan: c.CurrentOperation, Kind: orphanKind, Reason: reason}
 	_, err := s.claim(ctx, repository.Transition{
 		ClusterID: c.ID, Expect: c.Expect(), History: repository.RecoveryStarted,
 		Message: fmt.Sprintf("recovering orphaned operation %s: %s", operationName(c.CurrentOperation), reason),
-	}, VerbRecover, idempotency{}, map[string]string{"orphan": c.CurrentOperation, "kind": orphanKind, "reason": reason},
-		func(ctx context.Context, o *op) (repository.Changes, error) {
-			// Whatever the repairs do, the orphaned operation ends with its
-			// orphan event (a state with none, e.g. an ERROR cluster whose
-			// in-place start died, is only released).
-			o.endEvent, o.failEvent = ev, ev
-			ch, err := o.repair(ctx, orphanKind)
-			if err != nil {
-				return ch, err
-			}
-			note, err := o.skewNote(ctx)
-			o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(c.CurrentOperation), reason) + note
-			return ch, err
-		})
+	}, VerbRecover, idempotency{}, plan, s.orphanWork(plan))
 	return err
+}
+
+// recoverPlan is a recovery job's parameters: the orphaned operation it
+// takes over, its kind and why (all empty for the recovery of an ALERT
+// cluster, RecoverAlert).
+type recoverPlan struct {
+	Orphan string `json:"orphan,omitempty"`
+	Kind   string `json:"kind,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// orphanWork repairs what the orphaned operation left (SPEC §5.3) and then
+// ends it with the orphan event of the state it held the cluster in (->
+// ALERT, RUNNING or ERROR; a state with none, e.g. an ERROR cluster whose
+// in-place start died, is only released), whatever the repairs do.
+func (s *Clusters) orphanWork(p recoverPlan) workFunc {
+	return func(ctx context.Context, o *op) (repository.Changes, error) {
+		c, err := o.held(ctx)
+		if err != nil {
+			return repository.Changes{}, err
+		}
+		ev, _ := lifecycle.OrphanEvent(c.State)
+		o.endEvent, o.failEvent = ev, ev
+		ch, err := o.repair(ctx, p.Kind)
+		if err != nil {
+			return ch, err
+		}
+		note, err := o.skewNote(ctx)
+		o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(p.Orphan), p.Reason) + note
+		return ch, err
+	}
 }
 
 // RetryDestroy destroys a DESTROYING cluster again, in place (SPEC §3.4).
@@ -75,38 +93,46 @@ func (s *Clusters) RecoverAlert(ctx context.Context, c repository.Cluster) error
 	_, err := s.claim(ctx, repository.Transition{
 		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.RecoveryRequested,
 		Message: "machines all running and nodes joined",
-	}, VerbRecover, idempotency{}, struct{}{}, func(ctx context.Context, o *op) (repository.Changes, error) {
-		machines, err := s.infra.Machines(ctx, c.ID)
-		if err != nil {
-			return repository.Changes{}, err
-		}
-		if !infra.AllRunningAndJoined(machines) {
-			return repository.Changes{}, errors.New("machines changed during recovery: not all running and joined")
-		}
-		if skew := infra.VersionSkew(machines); skew != "" {
-			return repository.Changes{}, fmt.Errorf("nodes run different Kubernetes versions (%s); run the upgrade again", skew)
-		}
-		ch, err := o.repair(ctx, "")
-		if err != nil || c.Endpoint != "" {
-			return ch, err
-		}
-		// A create that failed after its nodes joined never got its API,
-		// kubeconfig and provider: finish it as a start would.
-		o.expect(1)
-		var endpoint string
-		if err := o.do(ctx, infra.StepWaitAPI, func() (err error) {
-			endpoint, err = s.infra.WaitAPI(ctx, o.call(""))
-			return err
-		}); err != nil {
-			return ch, err
-		}
-		if err := o.finishUp(ctx, c); err != nil {
-			return ch, err
-		}
-		ch.Endpoint = &endpoint
-		return ch, nil
-	})
+	}, VerbRecover, idempotency{}, recoverPlan{}, s.recoverAlertWork)
 	return err
+}
+
+// recoverAlertWork checks the machines of a RECOVERING cluster again,
+// converges the leftovers, and finishes the cluster if its create never did.
+func (s *Clusters) recoverAlertWork(ctx context.Context, o *op) (repository.Changes, error) {
+	c, err := o.held(ctx)
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	machines, err := s.infra.Machines(ctx, c.ID)
+	if err != nil {
+		return repository.Changes{}, err
+	}
+	if !infra.AllRunningAndJoined(machines) {
+		return repository.Changes{}, errors.New("machines changed during recovery: not all running and joined")
+	}
+	if skew := infra.VersionSkew(machines); skew != "" {
+		return repository.Changes{}, fmt.Errorf("nodes run different Kubernetes versions (%s); run the upgrade again", skew)
+	}
+	ch, err := o.repair(ctx, "")
+	if err != nil || c.Endpoint != "" {
+		return ch, err
+	}
+	// A create that failed after its nodes joined never got its API,
+	// kubeconfig and provider: finish it as a start would.
+	o.expect(1)
+	var endpoint string
+	if err := o.do(ctx, infra.StepWaitAPI, func() (err error) {
+		endpoint, err = s.infra.WaitAPI(ctx, o.call(""))
+		return err
+	}); err != nil {
+		return ch, err
+	}
+	if err := o.finishUp(ctx, c); err != nil {
+		return ch, err
+	}
+	ch.Endpoint = &endpoint
+	return ch, nil
 }
 
 // StopAlert finishes stopping an ALERT cluster whose machines are all
@@ -225,14 +251,22 @@ func (o *op) fix(ctx context.Context, c repository.Cluster, step string, do func
 
 // repairAfterFailure runs repair on the way out of a failed, cancelled or
 // interrupted operation, so a failure leaves no more debris than a crash
-// does. It is best effort: what it cannot do, recovery does later.
-func (o *op) repairAfterFailure(ctx context.Context) repository.Changes {
+// does. It is best effort, except that a database that did not answer
+// (repository.ErrUnavailable, e.g. the first query on a connection a
+// database restart broke) is returned, so that the runner works the end out
+// again, repair included: a cluster released to ALERT with an unjoined
+// machine left is not converged by anything later (a start would join it).
+func (o *op) repairAfterFailure(ctx context.Context) (repository.Changes, error) {
 	o.ending = true
 	ch, err := o.repair(ctx, o.job.Kind)
-	if err != nil && !errors.Is(err, errNotHeld) {
+	switch {
+	case err == nil, errors.Is(err, errNotHeld):
+	case errors.Is(err, repository.ErrUnavailable):
+		return ch, fmt.Errorf("repair after a failed operation: %w", err)
+	default:
 		o.s.log.Warn("repair after a failed operation did not finish", "job", o.job.ID, "error", err)
 	}
-	return ch
+	return ch, nil
 }
 
 // repaired records a repair in the cluster's history and the logs.

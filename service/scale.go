@@ -184,8 +184,13 @@ func (s *Clusters) scaleWork(ctx context.Context, o *op, p scalePlan) (repositor
 		return repository.Changes{}, err
 	}
 	if p.Offering != "" && p.Offering != spec.ServiceOffering {
-		o.expect(int32(len(machines)))
-		for _, m := range machines {
+		resize := machines
+		if o.resumed() {
+			// An earlier attempt resized some already.
+			resize = slices.DeleteFunc(slices.Clone(machines), func(m infra.Machine) bool { return m.Offering == p.Offering })
+		}
+		o.expect(int32(len(resize)))
+		for _, m := range resize {
 			if err := o.do(ctx, infra.StepResizeMachine, func() error { return s.infra.ResizeMachine(ctx, o.call(m.ID), p.Offering) }); err != nil {
 				return repository.Changes{}, err
 			}
@@ -195,11 +200,19 @@ func (s *Clusters) scaleWork(ctx context.Context, o *op, p scalePlan) (repositor
 	current, target := spec.WorkerNodeCount, p.target(spec.WorkerNodeCount)
 	switch {
 	case target > current:
+		// The spec is written at the end, so an adopted scale adds the same
+		// slots again: those an earlier attempt provisioned are found.
 		if err := o.addWorkers(ctx, c, spec, machines, target-current); err != nil {
 			return repository.Changes{}, err
 		}
 	case target < current:
-		if err := o.removeWorkers(ctx, machines, p.Remove, current-target); err != nil {
+		n := current - target
+		if o.resumed() && len(p.Remove) == 0 {
+			// An earlier attempt may have destroyed some workers already:
+			// remove only what is still beyond the target.
+			n = max(0, int32(countRole(machines, infra.RoleWorker))-target)
+		}
+		if err := o.removeWorkers(ctx, machines, p.Remove, n); err != nil {
 			return repository.Changes{}, err
 		}
 	}
@@ -214,17 +227,30 @@ func (s *Clusters) scaleWork(ctx context.Context, o *op, p scalePlan) (repositor
 	return repository.Changes{Spec: &spec}, nil
 }
 
-// addWorkers provisions n workers and joins them.
+// addWorkers provisions n workers and joins them. The workers' ids are
+// stable per job and slot, so an adopted scale finds the ones an earlier
+// attempt provisioned, and skips what they have done (provisioned, ISO
+// attached, joined).
 func (o *op) addWorkers(ctx context.Context, c repository.Cluster, spec repository.Spec, machines []infra.Machine, n int32) error {
 	s := o.s
 	// provision, network, attach, join, detach
 	o.expect(4*n + 1)
+	existing := map[string]infra.Machine{}
+	for _, m := range machines {
+		existing[m.ID] = m
+	}
+	iso := isoFor(spec.KubernetesVersion)
 	var added []infra.Machine
 	for i := range n {
+		id := machineID(o.job.ID, fmt.Sprintf("worker-%d", i))
+		if m, ok := existing[id]; ok && o.resumed() {
+			o.expect(-1 - int32(boolInt(m.Joined || m.AttachedISO == iso)) - int32(boolInt(m.Joined)))
+			added = append(added, m)
+			continue
+		}
 		if err := o.step(ctx, infra.StepProvisionMachine); err != nil {
 			return err
 		}
-		id := machineID(o.job.ID, fmt.Sprintf("worker-%d", i))
 		m, err := s.infra.ProvisionMachine(ctx, o.call(id), id, infra.RoleWorker, spec.ServiceOffering, spec.KubernetesVersion)
 		if err != nil {
 			return err
@@ -234,18 +260,44 @@ func (o *op) addWorkers(ctx context.Context, c repository.Cluster, spec reposito
 	if err := o.configureNetwork(ctx, append(slices.Clone(machines), added...)); err != nil {
 		return err
 	}
-	iso := isoFor(spec.KubernetesVersion)
 	for _, m := range added {
+		if o.resumed() && (m.Joined || m.AttachedISO == iso) {
+			continue
+		}
 		if err := o.do(ctx, infra.StepAttachISO, func() error { return s.infra.AttachISO(ctx, o.call(m.ID), iso) }); err != nil {
 			return err
 		}
 	}
 	for _, m := range added {
+		if o.resumed() && m.Joined {
+			continue
+		}
 		if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(m.ID), spec.KubernetesVersion) }); err != nil {
 			return err
 		}
 	}
 	return o.detachISOs(ctx, c.ID)
+}
+
+// countRole counts the machines of a role.
+func countRole(machines []infra.Machine, role infra.Role) int {
+	n := 0
+	for _, m := range machines {
+		if m.Role == role {
+			n++
+		}
+	}
+	return n
+}
+
+// drain runs drain_node on m, unless this is an adopted operation and an
+// earlier attempt drained it already (it is cordoned).
+func (o *op) drain(ctx context.Context, m infra.Machine) error {
+	if o.resumed() && m.Cordoned {
+		o.expect(-1)
+		return nil
+	}
+	return o.do(ctx, infra.StepDrainNode, func() error { return o.s.infra.DrainNode(ctx, o.call(m.ID)) })
 }
 
 // removeWorkers drains and destroys the named workers, or the n
@@ -274,8 +326,9 @@ func (o *op) removeWorkers(ctx context.Context, machines []infra.Machine, named 
 	for _, m := range victims {
 		// No delete_node: it would hand the machine back to the free pool,
 		// where another cluster's AddNodes could take it before it is
-		// destroyed.
-		if err := o.do(ctx, infra.StepDrainNode, func() error { return s.infra.DrainNode(ctx, o.call(m.ID)) }); err != nil {
+		// destroyed. An adopted scale does not drain again a node an
+		// earlier attempt drained.
+		if err := o.drain(ctx, m); err != nil {
 			return err
 		}
 		if err := o.do(ctx, infra.StepDestroyMachine, func() error { return s.infra.DestroyMachine(ctx, o.call(m.ID)) }); err != nil {

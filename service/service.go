@@ -30,6 +30,10 @@ type Store interface {
 	FinishJob(ctx context.Context, f repository.Finish) (repository.Job, error)
 	GetJobByRequestID(ctx context.Context, account, requestID string) (repository.Job, error)
 	RecordEvent(ctx context.Context, e repository.Event) error
+	// AdoptJob and HandOffJob move a running job between servers (SPEC §5
+	// step 4; see Clusters.Adopt).
+	AdoptJob(ctx context.Context, a repository.Adoption) (repository.Job, error)
+	HandOffJob(ctx context.Context, h repository.HandOff) (repository.Job, error)
 }
 
 // JobStarter runs claimed jobs asynchronously (the runner). Reserve lists a
@@ -58,6 +62,10 @@ type ClustersConfig struct {
 	// whose heartbeat lapsed must not claim clusters (its peers may be
 	// recovering them), nor repair on behalf of a job that failed.
 	Lease Lease
+	// HandOff: a job claimed just as this server began stopping, which the
+	// runner no longer starts, is handed off for a live server to adopt
+	// rather than failed (--on-owner-loss=resume).
+	HandOff bool
 }
 
 // Lease says whether this server may act (package lease).
@@ -78,6 +86,7 @@ type Clusters struct {
 	now         func() time.Time
 	log         *slog.Logger
 	lease       Lease
+	handOff     bool
 	// draining is set by Drain: the server is stopping and claims nothing.
 	draining atomic.Bool
 	// repairs counts the leftovers recovery has converged (SPEC §5.3).
@@ -99,6 +108,7 @@ func NewClusters(cfg ClustersConfig) *Clusters {
 	s := &Clusters{
 		store: cfg.Store, runner: cfg.Runner, infra: cfg.Infra, serverID: cfg.ServerID,
 		incarnation: cfg.Incarnation, deadlines: cfg.Deadlines, now: cfg.Clock, log: cfg.Logger, lease: cfg.Lease,
+		handOff: cfg.HandOff,
 	}
 	if cfg.Catalog != nil {
 		s.catalog = *cfg.Catalog

@@ -51,7 +51,9 @@ func checkUpgrade(current, target string) error {
 }
 
 // upgradeWork attaches the target's ISO, then per node (control nodes
-// first) drains, upgrades and uncordons it, then detaches the ISOs.
+// first) drains, upgrades and uncordons it, then detaches the ISOs. Nodes
+// at the target are skipped, so an upgrade run again, or adopted, goes on
+// from the first node not yet upgraded.
 func (s *Clusters) upgradeWork(ctx context.Context, o *op, p upgradePlan) (repository.Changes, error) {
 	c, err := o.held(ctx)
 	if err != nil {
@@ -84,7 +86,7 @@ func (s *Clusters) upgradeWork(ctx context.Context, o *op, p upgradePlan) (repos
 		}
 	}
 	for _, m := range todo {
-		if err := o.do(ctx, infra.StepDrainNode, func() error { return s.infra.DrainNode(ctx, o.call(m.ID)) }); err != nil {
+		if err := o.drain(ctx, m); err != nil {
 			return repository.Changes{}, err
 		}
 		if err := o.do(ctx, infra.StepUpgradeNode, func() error { return s.infra.UpgradeNode(ctx, o.call(m.ID), p.Version) }); err != nil {

@@ -59,31 +59,18 @@ func (o *op) expect(n int32) {
 var errNotHeld = errors.New("operation no longer holds the cluster")
 
 // launch hands a claimed job to the runner. If the runner refuses (the
-// server is shutting down), the job is ended at once and the cluster follows
-// the failure transition, so no claim is left without a job running it.
+// server is shutting down), the job is handed off for a live server to adopt
+// (ClustersConfig.HandOff) or, failing that, ended at once with the cluster
+// following the failure transition, so no claim is left without a job
+// running it.
 func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc) (*longrunningpb.Operation, error) {
-	o := &op{s: s, job: job, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed}
-	task := runner.Task{
-		Job: job,
-		Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
-			o.p = p
-			changes, err := work(ctx, o)
-			if err != nil {
-				return runner.Outcome{}, err
-			}
-			return o.succeed(ctx, changes)
-		},
-		Release: func(ctx context.Context, cause error) (*repository.Transition, error) {
-			changes := o.repairAfterFailure(ctx)
-			note, err := o.skewNote(ctx)
-			if err != nil {
-				return nil, err
-			}
-			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error()+note)
-			return t, err
-		},
-	}
+	o, task := s.task(job, work)
 	if err := s.runner.Start(task); err != nil {
+		if s.handOff {
+			if op, herr := s.handOffUnstarted(ctx, job); herr == nil {
+				return op, nil
+			}
+		}
 		s.log.Warn("could not start job; failing it", "job", job.ID, "error", err)
 		t, _, _ := o.release(ctx, o.failEvent, repository.Changes{}, "server shutting down")
 		if _, ferr := s.store.FinishJob(context.WithoutCancel(ctx), repository.Finish{JobID: job.ID, Status: repository.JobFailed,
@@ -97,6 +84,40 @@ func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc
 
 // errShuttingDown maps to UNAVAILABLE: the client may retry on another server.
 var errShuttingDown = errors.New("server shutting down")
+
+// task is the runner's task of a job: its work, then the success release;
+// or, on failure, the repair of what it left and the failure release.
+func (s *Clusters) task(job repository.Job, work workFunc) (*op, runner.Task) {
+	o := &op{s: s, job: job, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed}
+	return o, runner.Task{
+		Job: job,
+		Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
+			o.p = p
+			changes, err := work(ctx, o)
+			if err != nil {
+				return runner.Outcome{}, err
+			}
+			return o.succeed(ctx, changes)
+		},
+		Release: func(ctx context.Context, cause error) (*repository.Transition, error) {
+			changes, err := o.repairAfterFailure(ctx)
+			if err != nil {
+				return nil, err
+			}
+			note, err := o.skewNote(ctx)
+			if err != nil {
+				return nil, err
+			}
+			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error()+note)
+			return t, err
+		},
+	}
+}
+
+// resumed reports whether this attempt runs a job another attempt began (an
+// adopted job, SPEC §5 step 4): its work then skips the steps whose effect
+// the infrastructure already shows, and runs the interrupted one again.
+func (o *op) resumed() bool { return o.job.Attempt > 1 }
 
 // step records that the operation starts step name (progress, and the
 // runner's cancellation, recovery and lease checks). A failed operation
@@ -136,11 +157,12 @@ func (o *op) do(ctx context.Context, name string, call func() error) error {
 	return &StepError{Step: name, Err: err}
 }
 
-// call identifies the operation to the infrastructure: the job is the
-// fencing token (infra.Call.Operation) that the infrastructure checks
-// against the cluster's current operation before changing anything.
+// call identifies the operation to the infrastructure: the job and its
+// attempt are the fencing token (infra.Call.Operation, infra.Call.Attempt)
+// that the infrastructure checks against the cluster's current operation
+// and the job's attempt before changing anything.
 func (o *op) call(machineID string) infra.Call {
-	return infra.Call{ClusterID: o.job.ResourceID, Operation: o.job.ID, MachineID: machineID}
+	return infra.Call{ClusterID: o.job.ResourceID, Operation: o.job.ID, Attempt: o.job.Attempt, MachineID: machineID}
 }
 
 // held reads the cluster and checks this operation still holds it.
@@ -156,14 +178,15 @@ func (o *op) held(ctx context.Context) (repository.Cluster, error) {
 }
 
 // move makes a transition while keeping the cluster held (e.g. the create
-// job's CREATED -> STARTING), only while this operation holds it.
+// job's CREATED -> STARTING), only while this operation, at this attempt,
+// holds it.
 func (o *op) move(ctx context.Context, ev lifecycle.Event, msg string) (repository.Cluster, error) {
 	c, err := o.held(ctx)
 	if err != nil {
 		return c, err
 	}
 	return o.s.store.Transition(ctx, repository.Transition{
-		ClusterID: c.ID, Expect: c.Expect(), Event: ev, Operation: o.job.ID, Message: msg,
+		ClusterID: c.ID, Expect: c.Expect(), Event: ev, Operation: o.job.ID, Message: msg, Attempt: o.job.Attempt,
 	})
 }
 

@@ -294,3 +294,64 @@ func TestStopHoldingEndsHeldStepsAndHoldsNoMore(t *testing.T) {
 		}
 	})
 }
+
+// Adoption: a step held while another server adopts its job (the same job,
+// attempt 2) is refused when it goes on, as is every step of attempt 1 from
+// then on, changing nothing; the adopter's steps go through.
+func TestStepsOfAnAdoptedAttemptAreRefused(t *testing.T) {
+	forEachBackend(t, sim.Config{}, func(t *testing.T, s *sim.Simulator) {
+		ctx := ctxT(t)
+		store := storeOf(s)
+		c := newCluster(t, s)
+		first := func(m string) infra.Call { call := c.call(m); call.Attempt = 1; return call }
+		f := inject(t, s, sim.Fault{Step: infra.StepPowerOff, Mode: sim.ModeHold, ClusterID: c.id})
+		done := async(func() error { return s.PowerOff(ctx, first(c.worker)) })
+		if _, err := s.WaitHeld(ctx, isStep(infra.StepPowerOff)); err != nil {
+			t.Fatal(err)
+		}
+		job, err := store.GetJob(ctx, c.op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		adopter, err := store.RegisterServer(ctx, "s2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The job's server, s1, has no row: it is dead.
+		if _, err := store.AdoptJob(ctx, repository.Adoption{Job: job, Server: adopter, Cutoff: time.Now().Add(-time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.ReleaseHeld(f.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, infra.ErrFenced) || !strings.Contains(err.Error(), "adopted") {
+			t.Errorf("held power_off of attempt 1 released after the adoption: err = %v; want infra.ErrFenced saying the job was adopted", err)
+		}
+		s.ClearFaults()
+		before := snapshot(t, s, c.id)
+		for step, err := range everyStep(ctx, s, c, first) {
+			if !errors.Is(err, infra.ErrFenced) {
+				t.Errorf("%s of attempt 1 after the adoption: err = %v; want infra.ErrFenced", step, err)
+			}
+		}
+		if after := snapshot(t, s, c.id); !reflect.DeepEqual(after, before) {
+			t.Errorf("attempt 1's refused steps changed the world:\n got %+v\nwant %+v", after, before)
+		}
+		second := c.call(c.worker)
+		second.Attempt = 2
+		if err := s.PowerOff(ctx, second); err != nil {
+			t.Errorf("the adopter's power_off: %v", err)
+		}
+		if m := machine(t, s, c.worker); m.Power != infra.PowerStopped {
+			t.Errorf("the adopter's power_off did not run: %+v", m)
+		}
+		calls, err := store.SimCalls(ctx, c.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := calls[len(calls)-1]
+		if last.Refused || last.Fence.Attempt != 2 || last.Fence.Step != infra.StepPowerOff {
+			t.Errorf("last logged call %+v; want attempt 2's power_off, accepted", last)
+		}
+	})
+}

@@ -93,11 +93,11 @@ func (s *Simulator) step(ctx context.Context, name string, c infra.Call) error {
 	return nil
 }
 
-// fenced runs a step's writes only while the call's job holds the call's
-// cluster (repository.Store.Fenced). A refusal is counted, logged, and
+// fenced runs a step's writes only while the call's job, at the call's
+// attempt, holds the call's cluster (repository.Store.Fenced). A refusal is counted, logged, and
 // returned wrapping infra.ErrFenced; nothing was changed.
 func (s *Simulator) fenced(ctx context.Context, step string, c infra.Call, fn func(tx *repository.Store) error) error {
-	err := s.store.Fenced(ctx, repository.Fence{ClusterID: c.ClusterID, JobID: c.Operation, Step: step, MachineID: c.MachineID}, fn)
+	err := s.store.Fenced(ctx, repository.Fence{ClusterID: c.ClusterID, JobID: c.Operation, Attempt: c.Attempt, Step: step, MachineID: c.MachineID}, fn)
 	var refused *repository.FencedError
 	if errors.As(err, &refused) {
 		s.refused.Add(1)

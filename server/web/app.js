@@ -160,6 +160,9 @@ function spans(events, opsByName, current) {
     s.recovery = md.verb === 'recover' || s.events.some((e) => e.event === 'RECOVERY_STARTED');
     s.verb = md.verb || (s.recovery ? 'recover' : s.operation ? 'operation' : 'scanner');
     s.repairs = s.events.filter((e) => e.event === 'REPAIR').length;
+    // An operation adopted after its server stopped or died: one span, its
+    // servers listed in turn.
+    s.adoptions = s.events.filter((e) => e.event === 'OPERATION_ADOPTED').length;
     s.running = s.operation !== '' && (s.operation === current || (op && !op.done));
     if (s.running) s.result = 'running';
     else if (op && op.error) s.result = op.error.code === 1 ? 'cancelled' : 'failed';
@@ -196,6 +199,7 @@ function timeline(list) {
         s.result ? el('span', { class: 'result ' + s.result }, s.result) : null,
         s.recovery ? el('span', { class: 'mark recovery' }, 'recovery') : null,
         s.repairs ? el('span', { class: 'mark repair' }, s.repairs === 1 ? '1 repair' : s.repairs + ' repairs') : null,
+        s.adoptions ? el('span', { class: 'mark adopted' }, s.adoptions === 1 ? 'adopted' : 'adopted ' + s.adoptions + '×') : null,
         el('span', { class: 'holder' }, s.operation ? 'held by ' : 'by the scanner', s.operation ? el('span', { class: 'mono' }, s.operation) : null,
           s.servers.length ? ' on server ' + s.servers.join(', ') : ''),
         el('span', { class: 'muted' }, clock(s.start) + ' → ' + (s.running ? 'now' : clock(s.end)) + ' (' + duration(end - Date.parse(s.start)) + ')')),

@@ -576,7 +576,8 @@ type OperationMetadata struct {
 	// What the operation does: create, start, stop, scale, upgrade, add_nodes,
 	// remove_nodes, delete, recover.
 	Verb string `protobuf:"bytes,2,opt,name=verb,proto3" json:"verb,omitempty"`
-	// The server that runs the operation.
+	// The server that runs the operation now: after an adoption, the server
+	// that adopted it (see attempt).
 	Server string `protobuf:"bytes,3,opt,name=server,proto3" json:"server,omitempty"`
 	// The step the operation is at, e.g. `power_on`.
 	Step string `protobuf:"bytes,4,opt,name=step,proto3" json:"step,omitempty"`
@@ -589,7 +590,13 @@ type OperationMetadata struct {
 	// When the operation started.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When the operation ended; unset while it runs.
-	EndTime       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// Which run of the operation this is: 1 on the server that accepted it,
+	// one more each time a live server adopted it because the server running
+	// it stopped or died. An adopted operation keeps its name and goes on from
+	// its last recorded step; it fails once it has run --max-operation-attempts
+	// times or its deadline has passed.
+	Attempt       int32 `protobuf:"varint,10,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -685,6 +692,13 @@ func (x *OperationMetadata) GetEndTime() *timestamppb.Timestamp {
 		return x.EndTime
 	}
 	return nil
+}
+
+func (x *OperationMetadata) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
 }
 
 // Request for CreateCluster.
@@ -1704,7 +1718,7 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x05Power\x12\x15\n" +
 	"\x11POWER_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aRUNNING\x10\x01\x12\v\n" +
-	"\aSTOPPED\x10\x02\"\xd8\x02\n" +
+	"\aSTOPPED\x10\x02\"\xf2\x02\n" +
 	"\x11OperationMetadata\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
 	"\x04verb\x18\x02 \x01(\tR\x04verb\x12\x16\n" +
@@ -1717,7 +1731,9 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x16requested_cancellation\x18\a \x01(\bR\x15requestedCancellation\x12;\n" +
 	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x125\n" +
-	"\bend_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"w\n" +
+	"\bend_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x18\n" +
+	"\aattempt\x18\n" +
+	" \x01(\x05R\aattempt\"w\n" +
 	"\x14CreateClusterRequest\x12;\n" +
 	"\acluster\x18\x01 \x01(\v2\x1c.clusterlifecycle.v1.ClusterB\x03\xe0A\x02R\acluster\x12\"\n" +
 	"\n" +

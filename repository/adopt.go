@@ -1,0 +1,206 @@
+package repository
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// History entries of adoption (SPEC §5 step 4): written like RECOVERY_STARTED,
+// through the cluster's compare-and-set with no state change, so the cluster
+// keeps its state and its current operation and only its version moves.
+const (
+	// OperationAdopted: a live server took over a job whose server was gone
+	// (or had handed it off), and runs it on from its last recorded step.
+	OperationAdopted = "OPERATION_ADOPTED"
+	// OperationHandedOff: a stopping server let go of a running job at a
+	// step boundary, for a live server to adopt at once.
+	OperationHandedOff = "OPERATION_HANDED_OFF"
+)
+
+// AdoptableQuery selects the jobs a live server may adopt.
+type AdoptableQuery struct {
+	// Cutoff: a server whose last heartbeat is older is dead.
+	Cutoff time.Time
+	// Now: jobs whose deadline has passed are not adoptable (they fail).
+	Now time.Time
+	// MaxAttempts: jobs already run this many times are not adoptable.
+	MaxAttempts int32
+	// Limit bounds the page; it must be positive.
+	Limit int
+}
+
+// AdoptableJobs lists, oldest first, up to q.Limit IN_PROGRESS jobs that a
+// live server may adopt: they act on a cluster, have attempts and time left,
+// and either were handed off or belong to a server that is not alive (its
+// row missing, another incarnation, or a heartbeat older than q.Cutoff), the
+// same liveness FailJobsOfDeadServers applies.
+func (s *Store) AdoptableJobs(ctx context.Context, q AdoptableQuery) ([]Job, error) {
+	if q.Limit <= 0 {
+		return nil, fmt.Errorf("list adoptable jobs: limit %d must be positive", q.Limit)
+	}
+	var rows []jobRow
+	err := s.db.WithContext(ctx).Model(&jobRow{}).
+		Where("status = ? AND resource_id IS NOT NULL AND resource_id <> '' AND attempt < ? AND deadline > ?",
+			string(JobInProgress), q.MaxAttempts, q.Now.UTC()).
+		Where("handed_off OR NOT EXISTS (?)", s.liveOwner(q.Cutoff)).
+		Order("id").Limit(q.Limit).Find(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("list adoptable jobs: %w", classify(err))
+	}
+	return toJobs(rows), nil
+}
+
+// liveOwner is the subquery that finds a job's server alive: its row, with
+// the job's incarnation (any, for rows of servers that predate
+// incarnations), heartbeating since cutoff.
+func (s *Store) liveOwner(cutoff time.Time) *gorm.DB {
+	return s.db.Model(&serverRow{}).Select("1").
+		Where("servers.id = jobs.server_id AND (jobs.server_incarnation = '' OR servers.incarnation = jobs.server_incarnation) AND servers.heartbeat_time >= ?", cutoff.UTC())
+}
+
+// Adoption is a live server taking over a job (SPEC §5 step 4).
+type Adoption struct {
+	// Job is the job as the adopter read it: its id, cluster and attempt.
+	Job Job
+	// Server is the adopter.
+	Server Server
+	// Cutoff is the liveness cutoff the adopter judged the owner by.
+	Cutoff time.Time
+	// Message goes to the history entry.
+	Message string
+}
+
+// AdoptJob moves a job to a live server: one compare-and-set on the job row,
+// conditioned on the attempt the adopter read, on the job still being
+// IN_PROGRESS, and on its owner being gone (dead, another incarnation) or the
+// job handed off, that sets the new owner and bumps the attempt, which
+// fences the old owner from that instant (Fence.Attempt, Progress.Attempt,
+// Finish.Attempt, Transition.Attempt). In the same transaction, and first
+// (the cluster's row is locked before the job's, as every writer does), the
+// cluster gets an OPERATION_ADOPTED history entry naming both servers, by
+// its own compare-and-set with no state change: it keeps its state and its
+// current operation, the job its id. A job that no longer holds its cluster
+// is ErrNotHeld; any other miss is ErrConflict (someone else adopted or
+// ended it, or its owner is alive again). It returns the job as adopted.
+func (s *Store) AdoptJob(ctx context.Context, a Adoption) (Job, error) {
+	j := a.Job
+	if j.ResourceID == "" {
+		return Job{}, fmt.Errorf("adopt job %s: it names no cluster: %w", j.ID, ErrNotHeld)
+	}
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		c, err := s.lockHeld(tx, j)
+		if err != nil {
+			return err
+		}
+		if _, err := s.casCluster(tx, Transition{
+			ClusterID: c.ID, Expect: c.Expect(), Operation: j.ID, History: OperationAdopted,
+			Server: a.Server.ID, Message: a.Message,
+		}); err != nil {
+			return err
+		}
+		res := tx.Model(&jobRow{}).
+			Where("id = ? AND status = ? AND attempt = ?", j.ID, string(JobInProgress), j.Attempt).
+			Where("handed_off OR NOT EXISTS (?)", s.liveOwner(a.Cutoff)).
+			Updates(map[string]any{
+				"server_id": a.Server.ID, "server_incarnation": a.Server.Incarnation,
+				"attempt": j.Attempt + 1, "handed_off": false, "update_time": s.stamp(),
+			})
+		if res.Error != nil {
+			return fmt.Errorf("update job: %w", classify(res.Error))
+		}
+		if res.RowsAffected != 1 {
+			return errMissed
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errMissed):
+		return Job{}, fmt.Errorf("adopt job %s at attempt %d: it was adopted, ended or its owner is alive: %w", j.ID, j.Attempt, ErrConflict)
+	case err != nil:
+		return Job{}, fmt.Errorf("adopt job %s: %w", j.ID, err)
+	}
+	return s.GetJob(ctx, j.ID)
+}
+
+// HandOff is a stopping server letting go of a job it runs.
+type HandOff struct {
+	// Job is the job as its runner knows it: id, cluster, attempt.
+	Job Job
+	// Server (default: the Store's WithServerID) and Message go to the
+	// history entry.
+	Server  string
+	Message string
+}
+
+// HandOffJob marks a running job handed off, so that any live server adopts
+// it at its next scan without waiting for the peer timeout: a
+// compare-and-set on the job row, conditioned on IN_PROGRESS at h.Job's
+// attempt, with an OPERATION_HANDED_OFF history entry written first by the
+// cluster's compare-and-set (no state change; the cluster stays held by the
+// job). A job that no longer holds its cluster is ErrNotHeld, one that ended
+// or was adopted since a *JobConflictError; nothing is written either way.
+func (s *Store) HandOffJob(ctx context.Context, h HandOff) (Job, error) {
+	j := h.Job
+	if j.ResourceID == "" {
+		return Job{}, fmt.Errorf("hand off job %s: it names no cluster: %w", j.ID, ErrNotHeld)
+	}
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		c, err := s.lockHeld(tx, j)
+		if err != nil {
+			return err
+		}
+		if _, err := s.casCluster(tx, Transition{
+			ClusterID: c.ID, Expect: c.Expect(), Operation: j.ID, History: OperationHandedOff,
+			Server: h.Server, Message: h.Message,
+		}); err != nil {
+			return err
+		}
+		res := tx.Model(&jobRow{}).
+			Where("id = ? AND status = ? AND attempt = ?", j.ID, string(JobInProgress), j.Attempt).
+			Updates(map[string]any{"handed_off": true, "update_time": s.stamp()})
+		if res.Error != nil {
+			return fmt.Errorf("update job: %w", classify(res.Error))
+		}
+		if res.RowsAffected != 1 {
+			return errMissed
+		}
+		return nil
+	})
+	if errors.Is(err, errMissed) {
+		now, gerr := s.GetJob(ctx, j.ID)
+		if gerr != nil {
+			return Job{}, gerr
+		}
+		return now, jobConflict(now)
+	}
+	if err != nil {
+		return Job{}, fmt.Errorf("hand off job %s: %w", j.ID, err)
+	}
+	return s.GetJob(ctx, j.ID)
+}
+
+// lockHeld reads (and on MySQL locks) the cluster job j acts on, which must
+// name j as its current operation: ErrNotHeld otherwise.
+func (s *Store) lockHeld(tx *gorm.DB, j Job) (Cluster, error) {
+	q := tx.Where("id = ?", j.ResourceID)
+	if s.backend == MySQL {
+		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
+	}
+	var row clusterRow
+	err := q.Take(&row).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Cluster{}, fmt.Errorf("cluster %s: %w", j.ResourceID, ErrNotFound)
+	}
+	if err != nil {
+		return Cluster{}, fmt.Errorf("lock cluster %s: %w", j.ResourceID, classify(err))
+	}
+	if row.CurrentOperation != j.ID {
+		return Cluster{}, fmt.Errorf("cluster %s is held by %q, not job %s: %w", row.ID, row.CurrentOperation, j.ID, ErrNotHeld)
+	}
+	return row.toCluster()
+}
