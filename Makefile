@@ -92,7 +92,7 @@ test: mariadb chromium
 	  bash scripts/fuzz.sh
 	$(MAKE) --no-print-directory clients
 
-## fuzz: every fuzz target for FUZZTIME each (default 8s).
+## fuzz: every fuzz target for FUZZTIME each (default 5s).
 fuzz: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/fuzz.sh

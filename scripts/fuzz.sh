@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for FUZZTIME each (default 8s; `make fuzz
+# Runs every fuzz target for FUZZTIME each (default 5s; `make fuzz
 # FUZZTIME=5m` for a long hunt). Their seed corpora (and any input that once
 # failed, under testdata/fuzz/) also run as plain tests in `make test`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-fuzztime="${FUZZTIME:-8s}"
+fuzztime="${FUZZTIME:-5s}"
 targets=(
 	"./service FuzzParseFilter"
 	"./service FuzzPageToken"
