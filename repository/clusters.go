@@ -56,8 +56,19 @@ type Transition struct {
 	// Event drives the state machine: the new state is
 	// lifecycle.Admit(Expect.State, Event), so a refused pair cannot be
 	// written. EventUnspecified keeps the state (an operation that ends
-	// without a state change only releases the cluster).
+	// without a state change only releases the cluster). Ignored when
+	// Decided is set.
 	Event lifecycle.Event
+	// Decided, when set, is the state machine's decision for this write,
+	// made by the caller from the cluster it read (lifecycle.Decide, End or
+	// Stay); its From must be Expect.State. The write carries it out as
+	// decided, without asking the state machine again.
+	Decided *lifecycle.Decision
+	// Read, when set, is the cluster as the caller read it (Read.Expect()
+	// must be Expect). Since every write bumps the version, the row the
+	// compare-and-set hits is exactly Read, so the cluster as written is
+	// returned without reading it back.
+	Read *Cluster
 	// Operation is the cluster's current operation after the write; empty
 	// releases the cluster.
 	Operation string
@@ -70,6 +81,43 @@ type Transition struct {
 	// cluster's history.
 	Server  string
 	Message string
+}
+
+// Move is the transition that carries out decision d on cluster c as read:
+// the compare-and-set expects c, writes d, and returns the cluster as
+// written without reading it back. Set Operation, Changes and the history
+// fields on the result.
+func Move(c Cluster, d lifecycle.Decision) Transition {
+	return Transition{ClusterID: c.ID, Expect: c.Expect(), Decided: &d, Read: &c}
+}
+
+// Apply returns c as the transition writes it at time now (its state,
+// version, holder, changes and, once DESTROYED, delete time): what the
+// row holds after the write when c is what it held before.
+func (t Transition) Apply(c Cluster, now time.Time) Cluster {
+	c.State = t.to()
+	c.Version = t.Expect.Version + 1
+	c.CurrentOperation = t.Operation
+	c.UpdateTime = now
+	if sp := t.Changes.Spec; sp != nil {
+		c.Spec = *sp
+	}
+	if t.Changes.Endpoint != nil {
+		c.Endpoint = *t.Changes.Endpoint
+	}
+	if c.State == lifecycle.Destroyed {
+		c.DeleteTime = &now
+	}
+	return c
+}
+
+// to is the state a decided transition writes (Expect.State otherwise; only
+// call it once decide has checked the transition).
+func (t Transition) to() lifecycle.State {
+	if t.Decided != nil {
+		return t.Decided.To
+	}
+	return t.Expect.State
 }
 
 // errMissed marks a compare-and-set that matched no row; the caller turns it
@@ -135,7 +183,7 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 // GetCluster reads one cluster, destroyed ones included (their state says so).
 func (s *Store) GetCluster(ctx context.Context, id string) (Cluster, error) {
 	var row clusterRow
-	err := s.db.WithContext(ctx).Where("id = ?", id).Take(&row).Error
+	err := s.rdb.WithContext(ctx).Where("id = ?", id).Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return Cluster{}, fmt.Errorf("cluster %s: %w", id, ErrNotFound)
 	}
@@ -168,7 +216,7 @@ func (s *Store) ListClusters(ctx context.Context, q ClusterQuery) ([]Cluster, er
 	if err != nil {
 		return nil, fmt.Errorf("list clusters: %w", err)
 	}
-	db := s.db.WithContext(ctx).Model(&clusterRow{}).Where("("+where+")", args...)
+	db := s.rdb.WithContext(ctx).Model(&clusterRow{}).Where("("+where+")", args...)
 	if q.Account != "" {
 		db = db.Where("account = ?", q.Account)
 	}
@@ -183,21 +231,21 @@ func (s *Store) ListClusters(ctx context.Context, q ClusterQuery) ([]Cluster, er
 }
 
 // Transition applies one compare-and-set to a cluster and records it in the
-// cluster's history, in one transaction. It returns the cluster as written.
-// A miss is ErrNotFound or a *ConflictError (errors.Is ErrConflict); a pair
-// the state machine refuses is a *lifecycle.TransitionError, and nothing is
-// written in either case.
+// cluster's history, in one transaction. It returns the cluster as written
+// (read back, unless t.Read is set). A miss is ErrNotFound or a
+// *ConflictError (errors.Is ErrConflict); a pair the state machine refuses
+// is a *lifecycle.TransitionError, and nothing is written in either case.
 func (s *Store) Transition(ctx context.Context, t Transition) (Cluster, error) {
-	var out clusterRow
+	var out Cluster
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
-		row, err := s.casCluster(tx, t)
-		out = row
+		c, err := s.casCluster(tx, t)
+		out = c
 		return err
 	})
 	if err != nil {
 		return Cluster{}, s.explain(ctx, t, err)
 	}
-	return out.toCluster()
+	return out, nil
 }
 
 // Claim moves a cluster into an operation and makes the new job its current
@@ -205,7 +253,8 @@ func (s *Store) Transition(ctx context.Context, t Transition) (Cluster, error) {
 // entry are one transaction, so no claimed cluster exists without its job,
 // and no job without its claim. t.Operation is ignored (it becomes the new
 // job's id); the job takes the cluster's account. The job is IN_PROGRESS
-// when Claim returns.
+// when Claim returns. With t.Read set, the claim is three statements (the
+// compare-and-set, the history entry, the job) and nothing is read back.
 func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Job, error) {
 	if nj.ID == "" {
 		nj.ID = newID()
@@ -215,16 +264,16 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		t.Server = nj.ServerID
 	}
 	var (
-		out clusterRow
+		out Cluster
 		job jobRow
 	)
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
-		row, err := s.casCluster(tx, t)
+		c, err := s.casCluster(tx, t)
 		if err != nil {
 			return err
 		}
-		out = row
-		job = newJobRow(nj, t.ClusterID, row.Account, row.UpdateTime)
+		out = c
+		job = newJobRow(nj, t.ClusterID, c.Account, c.UpdateTime)
 		if err := tx.Create(&job).Error; err != nil {
 			return fmt.Errorf("insert job: %w", classify(err))
 		}
@@ -233,27 +282,53 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 	if err != nil {
 		return Cluster{}, Job{}, s.explain(ctx, t, err)
 	}
-	c, err := out.toCluster()
-	return c, job.toJob(), err
+	return out, job.toJob(), nil
+}
+
+// decide checks t against the state machine once: the decision the caller
+// made (t.Decided, which must start from the state it expects) or, for a
+// caller that sends an event, Admit's. It returns t with Decided set, and the
+// name of its history entry.
+func decide(t Transition) (Transition, string, error) {
+	name := OperationEnded
+	if t.History != "" {
+		name = t.History
+	}
+	switch {
+	case t.Decided != nil:
+		if t.Decided.From != t.Expect.State {
+			return t, "", fmt.Errorf("cluster %s: a decision from %s for a write expecting %s", t.ClusterID, t.Decided.From, t.Expect.State)
+		}
+	case t.Event != lifecycle.EventUnspecified:
+		d, err := lifecycle.Decide(t.Expect.State, t.Event)
+		if err != nil {
+			return t, "", fmt.Errorf("cluster %s: %w", t.ClusterID, err)
+		}
+		t.Decided = &d
+	default:
+		d := lifecycle.Stay(t.Expect.State)
+		t.Decided = &d
+	}
+	if t.Decided.Moves() {
+		name = t.Decided.Event.String()
+	}
+	if t.Read != nil && t.Read.Expect() != t.Expect {
+		return t, "", fmt.Errorf("cluster %s: read as %s, written expecting %s", t.ClusterID, t.Read.Expect(), t.Expect)
+	}
+	return t, name, nil
 }
 
 // casCluster is the one compare-and-set every cluster write goes through:
 // UPDATE ... WHERE id AND state AND version AND current_operation, bumping the
 // version, then checking the rows affected; and the history entry. It must run
-// inside a transaction.
-func (s *Store) casCluster(tx *gorm.DB, t Transition) (clusterRow, error) {
-	to := t.Expect.State
-	name := OperationEnded
-	if t.History != "" {
-		name = t.History
+// inside a transaction. It returns the cluster as written: t.Read with the
+// write applied, or, without t.Read, the row read back.
+func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
+	t, name, err := decide(t)
+	if err != nil {
+		return Cluster{}, err
 	}
-	if t.Event != lifecycle.EventUnspecified {
-		next, err := lifecycle.Admit(t.Expect.State, t.Event)
-		if err != nil {
-			return clusterRow{}, fmt.Errorf("cluster %s: %w", t.ClusterID, err)
-		}
-		to, name = next, t.Event.String()
-	}
+	to := t.to()
 	now := s.stamp()
 	set := map[string]any{
 		"state":             to.String(),
@@ -283,10 +358,10 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (clusterRow, error) {
 			t.ClusterID, t.Expect.State.String(), t.Expect.Version, t.Expect.Operation).
 		Updates(set)
 	if res.Error != nil {
-		return clusterRow{}, fmt.Errorf("update cluster %s: %w", t.ClusterID, classify(res.Error))
+		return Cluster{}, fmt.Errorf("update cluster %s: %w", t.ClusterID, classify(res.Error))
 	}
 	if res.RowsAffected != 1 {
-		return clusterRow{}, errMissed
+		return Cluster{}, errMissed
 	}
 	op := t.Operation
 	if op == "" {
@@ -301,13 +376,16 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (clusterRow, error) {
 		ToState: to.String(), Operation: op, Server: server, Message: t.Message,
 	}
 	if err := tx.Create(&ev).Error; err != nil {
-		return clusterRow{}, fmt.Errorf("insert event for cluster %s: %w", t.ClusterID, classify(err))
+		return Cluster{}, fmt.Errorf("insert event for cluster %s: %w", t.ClusterID, classify(err))
+	}
+	if t.Read != nil {
+		return t.Apply(*t.Read, now), nil
 	}
 	var row clusterRow
 	if err := tx.Where("id = ?", t.ClusterID).Take(&row).Error; err != nil {
-		return clusterRow{}, fmt.Errorf("read back cluster %s: %w", t.ClusterID, classify(err))
+		return Cluster{}, fmt.Errorf("read back cluster %s: %w", t.ClusterID, classify(err))
 	}
-	return row, nil
+	return row.toCluster()
 }
 
 // explain turns a missed compare-and-set into ErrNotFound or a *ConflictError
@@ -336,7 +414,7 @@ func (s *Store) ListEvents(ctx context.Context, clusterID string, after int64, l
 		return nil, fmt.Errorf("list events: limit %d must be positive", limit)
 	}
 	var rows []eventRow
-	err := s.db.WithContext(ctx).Where("cluster_id = ? AND id > ?", clusterID, after).
+	err := s.rdb.WithContext(ctx).Where("cluster_id = ? AND id > ?", clusterID, after).
 		Order("id").Limit(limit).Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list events of cluster %s: %w", clusterID, classify(err))

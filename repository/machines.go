@@ -137,7 +137,7 @@ func (s *Store) CreateMachine(ctx context.Context, m Machine) (Machine, error) {
 
 // GetMachine reads one machine (ErrNotFound).
 func (s *Store) GetMachine(ctx context.Context, id string) (Machine, error) {
-	return s.getMachine(s.db.WithContext(ctx), id)
+	return s.getMachine(s.rdb.WithContext(ctx), id)
 }
 
 func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
@@ -155,7 +155,7 @@ func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
 // ListMachines returns the machines of the given clusters ("" names the free
 // pool), or every machine when none is given, oldest first.
 func (s *Store) ListMachines(ctx context.Context, clusterIDs ...string) ([]Machine, error) {
-	db := s.db.WithContext(ctx)
+	db := s.rdb.WithContext(ctx)
 	if len(clusterIDs) > 0 {
 		db = db.Where("cluster_id IN ?", clusterIDs)
 	}
@@ -285,7 +285,7 @@ func (s *Store) DeleteMachine(ctx context.Context, id string) error {
 // kind and port.
 func (s *Store) ListNetworkRules(ctx context.Context, clusterID string) ([]NetworkRule, error) {
 	var rows []networkRuleRow
-	err := s.db.WithContext(ctx).Where("cluster_id = ?", clusterID).
+	err := s.rdb.WithContext(ctx).Where("cluster_id = ?", clusterID).
 		Order("machine_id, kind, port").Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list network rules of cluster %s: %w", clusterID, classify(err))

@@ -34,7 +34,7 @@ const (
 // holds its own row and inserts into one of those gaps as its status changes.
 func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff time.Time, errJSON func(reason string) string) (restarted, stopped int64, err error) {
 	var earlier []string
-	err = s.db.WithContext(ctx).Model(&jobRow{}).
+	err = s.rdb.WithContext(ctx).Model(&jobRow{}).
 		Where("status = ? AND server_id = ? AND server_incarnation <> ?", string(JobInProgress), self.ID, self.Incarnation).
 		Order("id").Pluck("id", &earlier).Error
 	if err != nil {
@@ -50,7 +50,7 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff t
 			Where("servers.id = jobs.server_id AND (jobs.server_incarnation = '' OR servers.incarnation = jobs.server_incarnation) AND servers.heartbeat_time >= ?", cutoff.UTC())
 	}
 	var orphaned []string
-	err = s.db.WithContext(ctx).Model(&jobRow{}).
+	err = s.rdb.WithContext(ctx).Model(&jobRow{}).
 		Where("status = ? AND NOT EXISTS (?)", string(JobInProgress), live()).
 		Order("id").Pluck("id", &orphaned).Error
 	if err != nil {
@@ -87,7 +87,7 @@ func (s *Store) failJobs(ctx context.Context, ids []string, errJSON string, cond
 // so the scanner can find those its runner no longer runs.
 func (s *Store) OwnJobsInProgress(ctx context.Context, self Server) ([]Job, error) {
 	var rows []jobRow
-	err := s.db.WithContext(ctx).Where("status = ? AND server_id = ? AND server_incarnation = ?",
+	err := s.rdb.WithContext(ctx).Where("status = ? AND server_id = ? AND server_incarnation = ?",
 		string(JobInProgress), self.ID, self.Incarnation).Order("id").Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list jobs of %s: %w", self.ID, classify(err))
@@ -128,7 +128,7 @@ func (s *Store) OrphanCandidates(ctx context.Context) ([]Cluster, error) {
 		}
 	}
 	var rows []clusterRow
-	err := s.db.WithContext(ctx).
+	err := s.rdb.WithContext(ctx).
 		Where("state IN ? OR (current_operation <> '' AND state <> ?)", states, lifecycle.Destroyed.String()).
 		Order("id").Find(&rows).Error
 	if err != nil {
@@ -144,7 +144,7 @@ func (s *Store) JobsByID(ctx context.Context, ids []string) (map[string]Job, err
 		return out, nil
 	}
 	var rows []jobRow
-	if err := s.db.WithContext(ctx).Where("id IN ?", ids).Find(&rows).Error; err != nil {
+	if err := s.rdb.WithContext(ctx).Where("id IN ?", ids).Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("read jobs: %w", classify(err))
 	}
 	for i := range rows {
@@ -157,7 +157,7 @@ func (s *Store) JobsByID(ctx context.Context, ids []string) (map[string]Job, err
 // predate the resource column (SPEC §4, mixed versions).
 func (s *Store) InProgressJobsWithoutResource(ctx context.Context) ([]Job, error) {
 	var rows []jobRow
-	err := s.db.WithContext(ctx).Where("status = ? AND (resource_id IS NULL OR resource_id = '')", string(JobInProgress)).
+	err := s.rdb.WithContext(ctx).Where("status = ? AND (resource_id IS NULL OR resource_id = '')", string(JobInProgress)).
 		Order("id").Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list jobs without resource: %w", classify(err))
@@ -174,7 +174,7 @@ func (s *Store) UnheldClusters(ctx context.Context, states []lifecycle.State, af
 		names[i] = st.String()
 	}
 	var rows []clusterRow
-	err := s.db.WithContext(ctx).Where("state IN ? AND current_operation = '' AND id > ?", names, after).
+	err := s.rdb.WithContext(ctx).Where("state IN ? AND current_operation = '' AND id > ?", names, after).
 		Order("id").Limit(limit).Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list unheld clusters: %w", classify(err))
@@ -230,7 +230,7 @@ func (s *Store) RecordEvent(ctx context.Context, e Event) error {
 func (s *Store) PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
 	held := s.db.Model(&clusterRow{}).Select("current_operation").Where("current_operation <> ''")
 	var ids []string
-	err := s.db.WithContext(ctx).Model(&jobRow{}).
+	err := s.rdb.WithContext(ctx).Model(&jobRow{}).
 		Where("status <> ? AND end_time < ? AND id NOT IN (?)", string(JobInProgress), cutoff.UTC(), held).
 		Order("end_time").Limit(limit).Pluck("id", &ids).Error
 	if err != nil {
