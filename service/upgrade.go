@@ -53,10 +53,7 @@ func checkUpgrade(current, target string) error {
 // upgradeWork attaches the target's ISO, then per node (control nodes
 // first) drains, upgrades and uncordons it, then detaches the ISOs.
 func (s *Clusters) upgradeWork(ctx context.Context, o *op, p upgradePlan) (repository.Changes, error) {
-	c, err := o.held(ctx)
-	if err != nil {
-		return repository.Changes{}, err
-	}
+	c := o.cluster
 	machines, err := s.infra.Machines(ctx, c.ID)
 	if err != nil {
 		return repository.Changes{}, err
