@@ -23,10 +23,12 @@ const (
 )
 
 // Command is one command a Store sent to its database: its kind and, for
-// prepare, exec and query, its SQL.
+// prepare, exec and query, its SQL; for exec and query, its arguments too
+// (so a test can EXPLAIN the very statement that ran).
 type Command struct {
 	Kind CommandKind
 	SQL  string
+	Args []any
 }
 
 // IsStatement reports whether the command ran SQL (an exec or a query), as
@@ -129,7 +131,7 @@ func (c *hookConn) ExecContext(ctx context.Context, query string, args []driver.
 	res, err := ec.ExecContext(ctx, query, args)
 	if !errors.Is(err, driver.ErrSkip) {
 		// ErrSkip: the driver wants it prepared; Prepare reports it.
-		c.hook(ctx, Command{Kind: CommandExec, SQL: query})
+		c.hook(ctx, Command{Kind: CommandExec, SQL: query, Args: argValues(args)})
 	}
 	return res, err
 }
@@ -141,7 +143,7 @@ func (c *hookConn) QueryContext(ctx context.Context, query string, args []driver
 	}
 	rows, err := qc.QueryContext(ctx, query, args)
 	if !errors.Is(err, driver.ErrSkip) {
-		c.hook(ctx, Command{Kind: CommandQuery, SQL: query})
+		c.hook(ctx, Command{Kind: CommandQuery, SQL: query, Args: argValues(args)})
 	}
 	return rows, err
 }
@@ -193,7 +195,7 @@ func (s *hookStmt) Close() error {
 }
 
 func (s *hookStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	s.hook(ctx, Command{Kind: CommandExec, SQL: s.query})
+	s.hook(ctx, Command{Kind: CommandExec, SQL: s.query, Args: argValues(args)})
 	if ec, ok := s.Stmt.(driver.StmtExecContext); ok {
 		return ec.ExecContext(ctx, args)
 	}
@@ -205,7 +207,7 @@ func (s *hookStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (d
 }
 
 func (s *hookStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	s.hook(ctx, Command{Kind: CommandQuery, SQL: s.query})
+	s.hook(ctx, Command{Kind: CommandQuery, SQL: s.query, Args: argValues(args)})
 	if qc, ok := s.Stmt.(driver.StmtQueryContext); ok {
 		return qc.QueryContext(ctx, args)
 	}
@@ -221,6 +223,14 @@ func (s *hookStmt) CheckNamedValue(nv *driver.NamedValue) error {
 		return ch.CheckNamedValue(nv)
 	}
 	return driver.ErrSkip
+}
+
+func argValues(args []driver.NamedValue) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		out[i] = a.Value
+	}
+	return out
 }
 
 func values(args []driver.NamedValue) ([]driver.Value, error) {

@@ -129,7 +129,7 @@ func (s *Store) OrphanCandidates(ctx context.Context) ([]Cluster, error) {
 	}
 	var rows []clusterRow
 	err := s.rdb.WithContext(ctx).
-		Where("state IN ? OR (current_operation <> '' AND state <> ?)", states, lifecycle.Destroyed.String()).
+		Where("state IN ? OR (current_operation > '' AND state <> ?)", states, lifecycle.Destroyed.String()).
 		Order("id").Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list orphan candidates: %w", classify(err))
@@ -157,7 +157,7 @@ func (s *Store) JobsByID(ctx context.Context, ids []string) (map[string]Job, err
 // predate the resource column (SPEC §4, mixed versions).
 func (s *Store) InProgressJobsWithoutResource(ctx context.Context) ([]Job, error) {
 	var rows []jobRow
-	err := s.rdb.WithContext(ctx).Where("status = ? AND (resource_id IS NULL OR resource_id = '')", string(JobInProgress)).
+	err := s.rdb.WithContext(ctx).Where("(resource_id IS NULL AND status = ?) OR (resource_id = '' AND status = ?)", string(JobInProgress), string(JobInProgress)).
 		Order("id").Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list jobs without resource: %w", classify(err))
@@ -226,12 +226,14 @@ func (s *Store) RecordEvent(ctx context.Context, e Event) error {
 }
 
 // PurgeJobs deletes up to limit finished jobs that ended before cutoff and
-// that no cluster names as its current operation.
+// that no cluster names as its current operation. They are found oldest
+// first on the end time's index, in its order: nothing is sorted, and
+// nothing is read when no job is old enough.
 func (s *Store) PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
-	held := s.db.Model(&clusterRow{}).Select("current_operation").Where("current_operation <> ''")
+	held := s.rdb.Model(&clusterRow{}).Select("current_operation").Where("current_operation > ''")
 	var ids []string
 	err := s.rdb.WithContext(ctx).Model(&jobRow{}).
-		Where("status <> ? AND end_time < ? AND id NOT IN (?)", string(JobInProgress), cutoff.UTC(), held).
+		Where("end_time < ? AND status <> ? AND id NOT IN (?)", dbTime(cutoff), string(JobInProgress), held).
 		Order("end_time").Limit(limit).Pluck("id", &ids).Error
 	if err != nil {
 		return 0, fmt.Errorf("find jobs to purge: %w", classify(err))

@@ -1,0 +1,27 @@
+-- +goose Up
+-- Indexes for the scanner's passes (issue 10): every query of a pass reads
+-- only what it acts on.
+-- Orphans not held by any operation: (state, current_operation) finds the
+-- unheld clusters of the operation states by point lookups; it also serves
+-- every query on the state alone, so it replaces clusters_state.
+-- Reconciliation looks only at clusters and machines that changed since its
+-- last pass (update_time).
+ALTER TABLE clusters
+    ADD KEY clusters_state_operation (state, current_operation),
+    DROP KEY clusters_state,
+    ADD KEY clusters_update_time (update_time);
+ALTER TABLE machines ADD KEY machines_update_time (update_time);
+-- Purging walks finished jobs oldest first by their end time alone: no
+-- filesort, and nothing read when nothing is old enough. It replaces
+-- (status, end_time), whose status <> IN_PROGRESS range needed a filesort.
+ALTER TABLE jobs
+    ADD KEY jobs_end_time (end_time),
+    DROP KEY jobs_status_end;
+
+-- +goose Down
+ALTER TABLE jobs ADD KEY jobs_status_end (status, end_time), DROP KEY jobs_end_time;
+ALTER TABLE machines DROP KEY machines_update_time;
+ALTER TABLE clusters
+    ADD KEY clusters_state (state),
+    DROP KEY clusters_state_operation,
+    DROP KEY clusters_update_time;
