@@ -24,7 +24,9 @@ func seedScale(t *testing.T, dsn string, n int, now time.Time) {
 	ts := func(d time.Duration) string { return "'" + now.Add(d).UTC().Format("2006-01-02 15:04:05.000000") + "'" }
 	if strings.HasPrefix(dsn, "sqlite:") {
 		// The driver's own time format (see _time_format=sqlite).
-		ts = func(d time.Duration) string { return "'" + now.Add(d).UTC().Format("2006-01-02 15:04:05.999999999-07:00") + "'" }
+		ts = func(d time.Duration) string {
+			return "'" + now.Add(d).UTC().Format("2006-01-02 15:04:05.999999999-07:00") + "'"
+		}
 	}
 	var clusters, machines, jobs []string
 	for i := range n {
