@@ -112,10 +112,13 @@ chaos:
 	set -o pipefail; CLUSTERD_CHAOS_DURATION=$${CLUSTERD_CHAOS_DURATION:-5m} \
 	  go test -count=1 -timeout 30m -run '^TestChaos$$' -v ./e2e 2>&1 | grep -vE '^\s*=== (RUN|PAUSE|CONT)'
 
-## bench: benchmarks (ratios against a baseline measured in the same run).
+## bench: each service path beside its raw-SQL baseline, same process and
+## run, SQLite and MariaDB, 3 runs; prints the ratios (medians) and draws
+## docs/scanner-pass.png. About 15 minutes here; see BENCHMARKS.md.
+BENCHCOUNT ?= 3
 bench: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
-	  go test -run '^$$' -bench . -benchtime 2s $(GO_PACKAGES)
+	  go test -run '^$$' -bench . -benchtime 1s -count $(BENCHCOUNT) -timeout 90m ./bench -args -bench.plot $(CURDIR)/docs/scanner-pass.png
 
 clean:
 	rm -rf bin clusterd.db clusterd.db-wal clusterd.db-shm clients/*/gen clients/java/build clients/typescript/dist test-artifacts
