@@ -156,8 +156,9 @@ func rawMachines(ctx context.Context, r *sql.DB, ids []string) (int, error) {
 // schema (each half on its own index), ids only.
 func rawOrphans(ctx context.Context, r *sql.DB) (int, error) {
 	rows, err := r.QueryContext(ctx, "SELECT c.id FROM clusters c LEFT JOIN jobs j ON j.id = c.current_operation"+
-		" WHERE c.current_operation > '' AND c.state <> 'DESTROYED' AND (j.id IS NULL OR j.status <> 'IN_PROGRESS')"+
-		" UNION ALL SELECT c.id FROM clusters c WHERE c.state IN ('CREATED','STARTING','STOPPING','SCALING','SCALING_STOPPED_CLUSTER','UPGRADING','IMPORTING','REMOVING_NODES','RECOVERING','DESTROYING') AND c.current_operation = ''")
+		" WHERE c.current_operation > '' AND c.state <> ? AND (j.id IS NULL OR j.status <> ?)"+
+		" UNION ALL SELECT c.id FROM clusters c WHERE c.state IN (?,?,?,?,?,?,?,?,?,?) AND c.current_operation = ''",
+		"DESTROYED", "IN_PROGRESS", "CREATED", "STARTING", "STOPPING", "SCALING", "SCALING_STOPPED_CLUSTER", "UPGRADING", "IMPORTING", "REMOVING_NODES", "RECOVERING", "DESTROYING")
 	if err != nil {
 		return 0, err
 	}

@@ -74,7 +74,7 @@ func BenchmarkAdmission(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/clients=%d", be.Name, clients), func(b *testing.B) {
 				e := getEnv(b, be, "ops")
 				b.Run("service", func(b *testing.B) {
-					ids := e.seedRunning(b, b.N, 0)
+					ids := e.take(b, b.N)
 					ctx := caller()
 					timed(b, clients, func(i int) error {
 						_, err := e.parked.StopCluster(ctx, &clv1.StopClusterRequest{Name: "clusters/" + ids[i]})
@@ -82,7 +82,7 @@ func BenchmarkAdmission(b *testing.B) {
 					})
 				})
 				b.Run("raw", func(b *testing.B) {
-					ids := e.seedRunning(b, b.N, 0)
+					ids := e.take(b, b.N)
 					base := seq.Add(int64(b.N)) - int64(b.N) + 1 // job ids of its own
 					timed(b, clients, func(i int) error { return rawClaim(context.Background(), e.rawW, e.rawR, ids[i], base+int64(i)) })
 				})

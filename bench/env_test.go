@@ -42,6 +42,7 @@ type env struct {
 	rawW, rawR *sql.DB
 	self       repository.Server
 	seeded     int // clusters seeded for the scanner benchmarks
+	pool       []string
 }
 
 var (

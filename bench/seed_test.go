@@ -125,3 +125,15 @@ func (e *env) seedScale(b *testing.B, n int) {
 	}
 	e.seeded = n
 }
+
+// take returns n RUNNING clusters no benchmark has used, from a pool seeded
+// 20,000 at a time: seeding between two measurements would leave the
+// database busy flushing it during the second.
+func (e *env) take(b *testing.B, n int) []string {
+	if len(e.pool) < n {
+		e.pool = append(e.pool, e.seedRunning(b, max(n, 20000), 0)...)
+	}
+	ids := e.pool[:n]
+	e.pool = e.pool[n:]
+	return ids
+}

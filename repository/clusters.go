@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -182,6 +183,16 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 
 // GetCluster reads one cluster, destroyed ones included (their state says so).
 func (s *Store) GetCluster(ctx context.Context, id string) (Cluster, error) {
+	if !s.inTx {
+		cs, err := s.readClusters(ctx, "SELECT "+clusterCols+" FROM clusters c WHERE c.id = ?", id)
+		switch {
+		case err != nil:
+			return Cluster{}, fmt.Errorf("get cluster %s: %w", id, classify(err))
+		case len(cs) == 0:
+			return Cluster{}, fmt.Errorf("cluster %s: %w", id, ErrNotFound)
+		}
+		return cs[0], nil
+	}
 	var row clusterRow
 	err := s.rdb.WithContext(ctx).Where("id = ?", id).Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
@@ -216,18 +227,52 @@ func (s *Store) ListClusters(ctx context.Context, q ClusterQuery) ([]Cluster, er
 	if err != nil {
 		return nil, fmt.Errorf("list clusters: %w", err)
 	}
-	db := s.rdb.WithContext(ctx).Model(&clusterRow{}).Where("("+where+")", args...)
+	query := "SELECT " + clusterCols + " FROM clusters c WHERE (" + where + ")"
 	if q.Account != "" {
-		db = db.Where("account = ?", q.Account)
+		query += " AND c.account = ?"
+		args = append(args, q.Account)
 	}
 	if q.After != "" {
-		db = db.Where("id > ?", q.After)
+		query += " AND c.id > ?"
+		args = append(args, q.After)
 	}
-	var rows []clusterRow
-	if err := db.Order("id").Limit(q.Limit).Find(&rows).Error; err != nil {
+	cs, err := s.readClusters(ctx, query+" ORDER BY c.id LIMIT ?", append(args, q.Limit)...)
+	if err != nil {
 		return nil, fmt.Errorf("list clusters: %w", classify(err))
 	}
-	return toClusters(rows)
+	return cs, nil
+}
+
+// readDB is the pool reads outside a transaction go to.
+func (s *Store) readDB() *sql.DB {
+	if s.rsqlDB != nil {
+		return s.rsqlDB
+	}
+	return s.sqlDB
+}
+
+// readClusters runs a query of clusterCols on the readers, scanning the rows
+// by hand: the hottest reads (GetCluster, ListClusters) skip GORM, whose
+// reflection cost as much as the query itself.
+func (s *Store) readClusters(ctx context.Context, query string, args ...any) ([]Cluster, error) {
+	rows, err := s.readDB().QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Cluster{}
+	for rows.Next() {
+		r, err := scanCluster(rows)
+		if err != nil {
+			return nil, err
+		}
+		c, err := r.toCluster()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
 // Transition applies one compare-and-set to a cluster and records it in the

@@ -135,6 +135,10 @@ func TestScanQueryPlans(t *testing.T) {
 					}
 					return err
 				}},
+				{"reconcile sweep", nil, func() error {
+					_, err := s.UnheldClusters(ctx, resting, "00000000-0000-7000-8000-000000001234", 1000)
+					return err
+				}},
 				{"purge", []string{"jobs_end_time"}, func() error { _, err := s.PurgeJobs(ctx, now.Add(-7*24*time.Hour), 500); return err }},
 				{"get cluster", nil, func() error { _, err := s.GetCluster(ctx, "00000000-0000-7000-8000-000000001234"); return err }},
 				{"list clusters", nil, func() error {

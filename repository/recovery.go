@@ -173,8 +173,16 @@ func (s *Store) UnheldClusters(ctx context.Context, states []lifecycle.State, af
 	for i, st := range states {
 		names[i] = st.String()
 	}
+	// Walked in primary-key order, stopping at limit: the planners would
+	// rather read every cluster in the states off their index and sort
+	// them (855 ms a page at 100,000 clusters on MariaDB). The unary +
+	// keeps SQLite off that index; MySQL is told.
+	table := "clusters"
+	if s.backend == MySQL {
+		table = "clusters FORCE INDEX (PRIMARY)"
+	}
 	var rows []clusterRow
-	err := s.rdb.WithContext(ctx).Where("state IN ? AND current_operation = '' AND id > ?", names, after).
+	err := s.rdb.WithContext(ctx).Table(table).Where("+state IN ? AND +current_operation = '' AND id > ?", names, after).
 		Order("id").Limit(limit).Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list unheld clusters: %w", classify(err))
