@@ -127,6 +127,9 @@ func report() {
 			}
 			fmt.Printf("%-44s %14.0f/s %14.0f/s %9.1f%% %12s %12s\n", label, median(sOps), median(rOps), 100*median(ratios),
 				time.Duration(median(sP)).Round(time.Microsecond), time.Duration(median(rP)).Round(time.Microsecond))
+			if w, ok := wins[name]; ok {
+				fmt.Printf("%-44s %14.0f/s %14.0f/s   (operations accepted; compare-and-sets won; last run)\n", "  of which won the cluster", w, wins[rawName])
+			}
 		}
 	}
 	for _, name := range order {

@@ -319,10 +319,7 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		}
 		out = c
 		job = newJobRow(nj, t.ClusterID, c.Account, c.UpdateTime)
-		if err := tx.Create(&job).Error; err != nil {
-			return fmt.Errorf("insert job: %w", classify(err))
-		}
-		return nil
+		return insertJob(tx, job)
 	})
 	if err != nil {
 		return Cluster{}, Job{}, s.explain(ctx, t, err)
@@ -375,33 +372,27 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 	}
 	to := t.to()
 	now := s.stamp()
-	set := map[string]any{
-		"state":             to.String(),
-		"version":           t.Expect.Version + 1,
-		"current_operation": t.Operation,
-		"update_time":       now,
-	}
+	// Written out rather than built by GORM from a map: this is the one
+	// write of every claim and every end.
+	set := "state = ?, version = ?, current_operation = ?, update_time = ?"
+	args := []any{to.String(), t.Expect.Version + 1, t.Operation, now}
 	if sp := t.Changes.Spec; sp != nil {
-		set["kubernetes_version"] = sp.KubernetesVersion
-		set["control_node_count"] = sp.ControlNodeCount
-		set["worker_node_count"] = sp.WorkerNodeCount
-		set["service_offering"] = sp.ServiceOffering
-		set["autoscaling_enabled"] = sp.Autoscaling.Enabled
-		set["autoscaling_min"] = sp.Autoscaling.MinSize
-		set["autoscaling_max"] = sp.Autoscaling.MaxSize
+		set += ", kubernetes_version = ?, control_node_count = ?, worker_node_count = ?, service_offering = ?," +
+			" autoscaling_enabled = ?, autoscaling_min = ?, autoscaling_max = ?"
+		args = append(args, sp.KubernetesVersion, sp.ControlNodeCount, sp.WorkerNodeCount, sp.ServiceOffering,
+			sp.Autoscaling.Enabled, sp.Autoscaling.MinSize, sp.Autoscaling.MaxSize)
 	}
 	if t.Changes.Endpoint != nil {
-		set["endpoint"] = *t.Changes.Endpoint
+		set += ", endpoint = ?"
+		args = append(args, *t.Changes.Endpoint)
 	}
 	if to == lifecycle.Destroyed {
 		// Soft delete: keep the row, free the display name for reuse.
-		set["delete_time"] = now
-		set["alive"] = nil
+		set += ", delete_time = ?, alive = NULL"
+		args = append(args, now)
 	}
-	res := tx.Model(&clusterRow{}).
-		Where("id = ? AND state = ? AND version = ? AND current_operation = ?",
-			t.ClusterID, t.Expect.State.String(), t.Expect.Version, t.Expect.Operation).
-		Updates(set)
+	res := tx.Exec("UPDATE clusters SET "+set+" WHERE id = ? AND state = ? AND version = ? AND current_operation = ?",
+		append(args, t.ClusterID, t.Expect.State.String(), t.Expect.Version, t.Expect.Operation)...)
 	if res.Error != nil {
 		return Cluster{}, fmt.Errorf("update cluster %s: %w", t.ClusterID, classify(res.Error))
 	}
@@ -416,11 +407,8 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 	if server == "" {
 		server = s.server
 	}
-	ev := eventRow{
-		ClusterID: t.ClusterID, Time: now, FromState: t.Expect.State.String(), Event: name,
-		ToState: to.String(), Operation: op, Server: server, Message: t.Message,
-	}
-	if err := tx.Create(&ev).Error; err != nil {
+	if err := tx.Exec("INSERT INTO cluster_events (cluster_id, time, from_state, event, to_state, operation, server, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+		t.ClusterID, now, t.Expect.State.String(), name, to.String(), op, server, t.Message).Error; err != nil {
 		return Cluster{}, fmt.Errorf("insert event for cluster %s: %w", t.ClusterID, classify(err))
 	}
 	if t.Read != nil {
