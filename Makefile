@@ -114,7 +114,7 @@ chaos:
 
 ## bench: each service path beside its raw-SQL baseline, same process and
 ## run, SQLite and MariaDB, 3 runs; prints the ratios (medians) and draws
-## docs/scanner-pass.png. About 15 minutes here; see BENCHMARKS.md.
+## docs/scanner-pass.png. About 6 minutes here; see BENCHMARKS.md.
 BENCHCOUNT ?= 3
 bench: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \

@@ -27,8 +27,8 @@ type scanPoint struct {
 // per backend for the pass and one dashed for its anti-join baseline.
 func plot(path string, points []scanPoint) error {
 	const (
-		w, h                     = 900, 560
-		left, right, top, bottom = 80, 220, 50, 60
+		w, h                     = 980, 560
+		left, right, top, bottom = 80, 270, 50, 60
 	)
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)

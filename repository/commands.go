@@ -36,9 +36,9 @@ type Command struct {
 func (c Command) IsStatement() bool { return c.Kind == CommandExec || c.Kind == CommandQuery }
 
 // WithCommandHook calls hook with every command the Store sends to its
-// database, from any goroutine, before it is sent, with the context of the
-// call that sent it (a commit or a close gets that of its begin or its
-// prepare). It exists so that tests can hold each operation to a budget of
+// database, from any goroutine (a statement once the driver has taken it,
+// the others before they go), with the context of the call that sent it (a
+// commit or a close gets that of its begin or its prepare). It exists so that tests can hold each operation to a budget of
 // statements and benchmarks can report them, on every backend, by counting
 // what really goes over the wire rather than what the code seems to say; the
 // context lets them tell whose commands they are. Without it (the default)

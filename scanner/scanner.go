@@ -433,10 +433,15 @@ const sweepEvery = time.Hour
 
 // reconcilePage returns the clusters this pass reconciles: the next page of
 // a sweep of every resting cluster, or, between sweeps, those that changed
-// (or whose machines changed) since the last pass, looking back a margin
-// that covers a write stamped before the last pass read but committed after
-// it, and clocks that differ between servers. A pass that finds a full page
-// of changes starts a sweep, so nothing is left behind.
+// (or whose machines changed) since the last pass. Seeing a machine change
+// relies on the infrastructure's machines being rows of clusterd's database,
+// as the simulator's are; a driver whose machines live elsewhere would need
+// a feed of its changes, or to sweep every pass.
+//
+// Between sweeps it looks back a margin that covers a write stamped before
+// the last pass read but committed after it, and clocks that differ between
+// servers. A pass that finds a full page of changes starts a sweep, so
+// nothing is left behind.
 func (s *Scanner) reconcilePage(ctx context.Context) ([]repository.Cluster, error) {
 	states := []lifecycle.State{lifecycle.Running, lifecycle.Stopped, lifecycle.Alert}
 	now := s.now()
