@@ -43,6 +43,38 @@ type env struct {
 	self       repository.Server
 	seeded     int // clusters seeded for the scanner benchmarks
 	pool       []string
+	// ended has a closed channel for every job the runner ended, and an open
+	// one for every job someone waits for (see wait).
+	endMu sync.Mutex
+	ended map[string]chan struct{}
+}
+
+// end marks job id ended, waking whoever waits for it.
+func (e *env) end(id string) {
+	e.endMu.Lock()
+	defer e.endMu.Unlock()
+	if ch, ok := e.ended[id]; ok {
+		close(ch)
+		delete(e.ended, id)
+		return
+	}
+	ch := make(chan struct{})
+	close(ch)
+	e.ended[id] = ch
+}
+
+// wait blocks until the runner has ended job id.
+func (e *env) wait(id string) {
+	e.endMu.Lock()
+	ch, ok := e.ended[id]
+	if !ok {
+		ch = make(chan struct{})
+		e.ended[id] = ch
+	} else {
+		delete(e.ended, id)
+	}
+	e.endMu.Unlock()
+	<-ch
 }
 
 var (
@@ -75,7 +107,8 @@ func getEnv(b *testing.B, be repotest.Backend, purpose string) *env {
 		b.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	r := runner.New(runner.Config{Store: e.store, Logger: log})
+	e.ended = map[string]chan struct{}{}
+	r := runner.New(runner.Config{Store: e.store, Logger: log, OnDone: func(j repository.Job) { e.end(j.ID) }})
 	infra := sim.New(e.store, sim.Config{})
 	cfg := service.ClustersConfig{Store: e.store, Runner: r, Infra: infra, ServerID: "bench", Incarnation: e.self.Incarnation, Logger: log}
 	e.clusters = service.NewClusters(cfg)
@@ -163,5 +196,7 @@ func must(b *testing.B, err error) {
 	}
 }
 
-// done reports whether an operation has ended.
-func done(op *longrunningpb.Operation) bool { return op.GetDone() }
+// jobOf is the job id of an operation's name.
+func jobOf(op *longrunningpb.Operation) string {
+	return strings.TrimPrefix(op.GetName(), "operations/")
+}
