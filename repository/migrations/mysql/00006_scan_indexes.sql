@@ -14,12 +14,21 @@ ALTER TABLE machines ADD KEY machines_update_time (update_time);
 -- Purging walks finished jobs oldest first by their end time alone: no
 -- filesort, and nothing read when nothing is old enough. It replaces
 -- (status, end_time), whose status <> IN_PROGRESS range needed a filesort.
+-- Liveness checks every running job's server and incarnation each pass:
+-- with the incarnation in the index it reads index entries only, never the
+-- jobs' rows (and a server's own jobs are one point lookup).
 ALTER TABLE jobs
     ADD KEY jobs_end_time (end_time),
-    DROP KEY jobs_status_end;
+    DROP KEY jobs_status_end,
+    ADD KEY jobs_status_server_incarnation (status, server_id, server_incarnation),
+    DROP KEY jobs_status_server;
 
 -- +goose Down
-ALTER TABLE jobs ADD KEY jobs_status_end (status, end_time), DROP KEY jobs_end_time;
+ALTER TABLE jobs
+    ADD KEY jobs_status_end (status, end_time),
+    DROP KEY jobs_end_time,
+    ADD KEY jobs_status_server (status, server_id),
+    DROP KEY jobs_status_server_incarnation;
 ALTER TABLE machines DROP KEY machines_update_time;
 ALTER TABLE clusters
     ADD KEY clusters_state (state),

@@ -15,8 +15,15 @@ CREATE INDEX machines_update_time ON machines (update_time);
 -- end_time), whose status <> IN_PROGRESS range needed a sort.
 CREATE INDEX jobs_end_time ON jobs (end_time);
 DROP INDEX jobs_status_end;
+-- Liveness checks every running job's server and incarnation each pass:
+-- with the incarnation in the index it reads index entries only, never the
+-- jobs' rows (and a server's own jobs are one point lookup).
+CREATE INDEX jobs_status_server_incarnation ON jobs (status, server_id, server_incarnation);
+DROP INDEX jobs_status_server;
 
 -- +goose Down
+CREATE INDEX jobs_status_server ON jobs (status, server_id);
+DROP INDEX jobs_status_server_incarnation;
 CREATE INDEX jobs_status_end ON jobs (status, end_time);
 DROP INDEX jobs_end_time;
 DROP INDEX machines_update_time;
