@@ -124,10 +124,13 @@ chaos-galera: build
 	  go test -count=1 -timeout 60m -run '^(TestClaimRaceAcrossNodes|TestCrossPrimaryRaces|TestGaleraNodeOutOfPrimary|TestChaosGalera)$$' -v ./repository ./e2e 2>&1 \
 	  | grep -vE '^\s*=== (RUN|PAUSE|CONT)'
 
-## bench: benchmarks (ratios against a baseline measured in the same run).
+## bench: each service path beside its raw-SQL baseline, same process and
+## run, SQLite and MariaDB, 3 runs; prints the ratios (medians) and draws
+## docs/scanner-pass.png. About 6 minutes here; see BENCHMARKS.md.
+BENCHCOUNT ?= 3
 bench: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
-	  go test -run '^$$' -bench . -benchtime 2s $(GO_PACKAGES)
+	  go test -run '^$$' -bench . -benchtime 1s -count $(BENCHCOUNT) -timeout 90m ./bench -args -bench.plot $(CURDIR)/docs/scanner-pass.png
 
 clean:
 	rm -rf bin clusterd.db clusterd.db-wal clusterd.db-shm clients/*/gen clients/java/build clients/typescript/dist test-artifacts

@@ -200,3 +200,43 @@ var live = map[State]bool{Running: true, Alert: true}
 // IsLive reports whether a cluster in state s is running (RUNNING, or ALERT
 // on its way back), for the scale rules of SPEC §3.6.
 func IsLive(s State) bool { return live[s] }
+
+// Decision is the state machine's answer for one write: a cluster in state
+// From receives Event (EventUnspecified: none, the cluster keeps its state)
+// and goes to To. Like raft's Ready, it is computed once, by whoever read the
+// cluster, and carried to the write: the repository writes what was decided
+// without asking again, and the caller knows the state it will have written.
+type Decision struct {
+	From  State
+	Event Event
+	To    State
+}
+
+// Moves reports whether the decision changes the state or records an event
+// (an in-place request records its event but keeps the state).
+func (d Decision) Moves() bool { return d.Event != EventUnspecified }
+
+// Decide is Admit as a Decision: what request e does to a cluster in state
+// from (a transition, or an in-place operation that keeps the state), or a
+// *TransitionError.
+func Decide(from State, e Event) (Decision, error) {
+	to, err := Admit(from, e)
+	if err != nil {
+		return Decision{}, err
+	}
+	return Decision{From: from, Event: e, To: to}, nil
+}
+
+// Stay is the decision to keep state from: an operation that ends without
+// a state change (SPEC §3.4) only releases the cluster.
+func Stay(from State) Decision { return Decision{From: from, To: from} }
+
+// End is how an operation ends on a cluster in state from: e (OPERATION_
+// SUCCEEDED, OPERATION_FAILED, CREATE_FAILED) where the table has it, and
+// otherwise no state change (the in-place operations of SPEC §3.4).
+func End(from State, e Event) Decision {
+	if to, err := Next(from, e); err == nil {
+		return Decision{From: from, Event: e, To: to}
+	}
+	return Stay(from)
+}

@@ -447,3 +447,28 @@ func TestIsLive(t *testing.T) {
 		}
 	}
 }
+
+// TestDecisions: Decide agrees with Admit on every pair, End with Next (and
+// stays where Next refuses), and Stay keeps the state.
+func TestDecisions(t *testing.T) {
+	for _, from := range States() {
+		for _, e := range Events() {
+			to, aerr := Admit(from, e)
+			d, derr := Decide(from, e)
+			if (aerr == nil) != (derr == nil) || (derr == nil && d != (Decision{From: from, Event: e, To: to})) {
+				t.Errorf("Decide(%s, %s) = %+v, %v; Admit = %s, %v", from, e, d, derr, to, aerr)
+			}
+			end := End(from, e)
+			if next, err := Next(from, e); err == nil {
+				if end != (Decision{From: from, Event: e, To: next}) || !end.Moves() {
+					t.Errorf("End(%s, %s) = %+v; want the move to %s", from, e, end, next)
+				}
+			} else if end != Stay(from) || end.Moves() {
+				t.Errorf("End(%s, %s) = %+v; want to stay", from, e, end)
+			}
+		}
+		if s := Stay(from); s.To != from || s.Moves() {
+			t.Errorf("Stay(%s) = %+v", from, s)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -57,8 +58,19 @@ type Transition struct {
 	// Event drives the state machine: the new state is
 	// lifecycle.Admit(Expect.State, Event), so a refused pair cannot be
 	// written. EventUnspecified keeps the state (an operation that ends
-	// without a state change only releases the cluster).
+	// without a state change only releases the cluster). Ignored when
+	// Decided is set.
 	Event lifecycle.Event
+	// Decided, when set, is the state machine's decision for this write,
+	// made by the caller from the cluster it read (lifecycle.Decide, End or
+	// Stay); its From must be Expect.State. The write carries it out as
+	// decided, without asking the state machine again.
+	Decided *lifecycle.Decision
+	// Read, when set, is the cluster as the caller read it (Read.Expect()
+	// must be Expect). Since every write bumps the version, the row the
+	// compare-and-set hits is exactly Read, so the cluster as written is
+	// returned without reading it back.
+	Read *Cluster
 	// Operation is the cluster's current operation after the write; empty
 	// releases the cluster.
 	Operation string
@@ -76,6 +88,43 @@ type Transition struct {
 	// so a server whose job another server adopted cannot move the cluster
 	// the adopter now drives (SPEC §5 step 4).
 	Attempt int32
+}
+
+// Move is the transition that carries out decision d on cluster c as read:
+// the compare-and-set expects c, writes d, and returns the cluster as
+// written without reading it back. Set Operation, Changes and the history
+// fields on the result.
+func Move(c Cluster, d lifecycle.Decision) Transition {
+	return Transition{ClusterID: c.ID, Expect: c.Expect(), Decided: &d, Read: &c}
+}
+
+// Apply returns c as the transition writes it at time now (its state,
+// version, holder, changes and, once DESTROYED, delete time): what the
+// row holds after the write when c is what it held before.
+func (t Transition) Apply(c Cluster, now time.Time) Cluster {
+	c.State = t.to()
+	c.Version = t.Expect.Version + 1
+	c.CurrentOperation = t.Operation
+	c.UpdateTime = now
+	if sp := t.Changes.Spec; sp != nil {
+		c.Spec = *sp
+	}
+	if t.Changes.Endpoint != nil {
+		c.Endpoint = *t.Changes.Endpoint
+	}
+	if c.State == lifecycle.Destroyed {
+		c.DeleteTime = &now
+	}
+	return c
+}
+
+// to is the state a decided transition writes (Expect.State otherwise; only
+// call it once decide has checked the transition).
+func (t Transition) to() lifecycle.State {
+	if t.Decided != nil {
+		return t.Decided.To
+	}
+	return t.Expect.State
 }
 
 // errMissed marks a compare-and-set that matched no row; the caller turns it
@@ -140,8 +189,18 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 
 // GetCluster reads one cluster, destroyed ones included (their state says so).
 func (s *Store) GetCluster(ctx context.Context, id string) (Cluster, error) {
+	if !s.inTx {
+		cs, err := s.readClusters(ctx, "SELECT "+clusterCols+" FROM clusters c WHERE c.id = ?", id)
+		switch {
+		case err != nil:
+			return Cluster{}, fmt.Errorf("get cluster %s: %w", id, classify(err))
+		case len(cs) == 0:
+			return Cluster{}, fmt.Errorf("cluster %s: %w", id, ErrNotFound)
+		}
+		return cs[0], nil
+	}
 	var row clusterRow
-	err := s.db.WithContext(ctx).Where("id = ?", id).Take(&row).Error
+	err := s.rdb.WithContext(ctx).Where("id = ?", id).Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return Cluster{}, fmt.Errorf("cluster %s: %w", id, ErrNotFound)
 	}
@@ -174,36 +233,70 @@ func (s *Store) ListClusters(ctx context.Context, q ClusterQuery) ([]Cluster, er
 	if err != nil {
 		return nil, fmt.Errorf("list clusters: %w", err)
 	}
-	db := s.db.WithContext(ctx).Model(&clusterRow{}).Where("("+where+")", args...)
+	query := "SELECT " + clusterCols + " FROM clusters c WHERE (" + where + ")"
 	if q.Account != "" {
-		db = db.Where("account = ?", q.Account)
+		query += " AND c.account = ?"
+		args = append(args, q.Account)
 	}
 	if q.After != "" {
-		db = db.Where("id > ?", q.After)
+		query += " AND c.id > ?"
+		args = append(args, q.After)
 	}
-	var rows []clusterRow
-	if err := db.Order("id").Limit(q.Limit).Find(&rows).Error; err != nil {
+	cs, err := s.readClusters(ctx, query+" ORDER BY c.id LIMIT ?", append(args, q.Limit)...)
+	if err != nil {
 		return nil, fmt.Errorf("list clusters: %w", classify(err))
 	}
-	return toClusters(rows)
+	return cs, nil
+}
+
+// readDB is the pool reads outside a transaction go to.
+func (s *Store) readDB() *sql.DB {
+	if s.rsqlDB != nil {
+		return s.rsqlDB
+	}
+	return s.sqlDB
+}
+
+// readClusters runs a query of clusterCols on the readers, scanning the rows
+// by hand: the hottest reads (GetCluster, ListClusters) skip GORM, whose
+// reflection cost as much as the query itself.
+func (s *Store) readClusters(ctx context.Context, query string, args ...any) ([]Cluster, error) {
+	rows, err := s.readDB().QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Cluster{}
+	for rows.Next() {
+		r, err := scanCluster(rows)
+		if err != nil {
+			return nil, err
+		}
+		c, err := r.toCluster()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
 // Transition applies one compare-and-set to a cluster and records it in the
-// cluster's history, in one transaction. It returns the cluster as written.
-// A miss is ErrNotFound or a *ConflictError (errors.Is ErrConflict); a pair
-// the state machine refuses is a *lifecycle.TransitionError, and nothing is
-// written in either case.
+// cluster's history, in one transaction. It returns the cluster as written
+// (read back, unless t.Read is set). A miss is ErrNotFound or a
+// *ConflictError (errors.Is ErrConflict); a pair the state machine refuses
+// is a *lifecycle.TransitionError, and nothing is written in either case.
 func (s *Store) Transition(ctx context.Context, t Transition) (Cluster, error) {
-	var out clusterRow
+	var out Cluster
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
-		row, err := s.casCluster(tx, t)
-		out = row
+		c, err := s.casCluster(tx, t)
+		out = c
 		return err
 	})
 	if err != nil {
 		return Cluster{}, s.explain(ctx, t, err)
 	}
-	return out.toCluster()
+	return out, nil
 }
 
 // Claim moves a cluster into an operation and makes the new job its current
@@ -211,7 +304,8 @@ func (s *Store) Transition(ctx context.Context, t Transition) (Cluster, error) {
 // entry are one transaction, so no claimed cluster exists without its job,
 // and no job without its claim. t.Operation is ignored (it becomes the new
 // job's id); the job takes the cluster's account. The job is IN_PROGRESS
-// when Claim returns.
+// when Claim returns. With t.Read set, the claim is three statements (the
+// compare-and-set, the history entry, the job) and nothing is read back.
 func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Job, error) {
 	if nj.ID == "" {
 		nj.ID = newID()
@@ -221,82 +315,99 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		t.Server = nj.ServerID
 	}
 	var (
-		out clusterRow
+		out Cluster
 		job jobRow
 	)
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
-		row, err := s.casCluster(tx, t)
+		c, err := s.casCluster(tx, t)
 		if err != nil {
 			return err
 		}
-		out = row
-		job = newJobRow(nj, t.ClusterID, row.Account, row.UpdateTime)
-		if err := tx.Create(&job).Error; err != nil {
-			return fmt.Errorf("insert job: %w", classify(err))
-		}
-		return nil
+		out = c
+		job = newJobRow(nj, t.ClusterID, c.Account, c.UpdateTime)
+		return insertJob(tx, job)
 	})
 	if err != nil {
 		return Cluster{}, Job{}, s.explain(ctx, t, err)
 	}
-	c, err := out.toCluster()
-	return c, job.toJob(), err
+	return out, job.toJob(), nil
+}
+
+// decide checks t against the state machine once: the decision the caller
+// made (t.Decided, which must start from the state it expects) or, for a
+// caller that sends an event, Admit's. It returns t with Decided set, and the
+// name of its history entry.
+func decide(t Transition) (Transition, string, error) {
+	name := OperationEnded
+	if t.History != "" {
+		name = t.History
+	}
+	switch {
+	case t.Decided != nil:
+		if t.Decided.From != t.Expect.State {
+			return t, "", fmt.Errorf("cluster %s: a decision from %s for a write expecting %s", t.ClusterID, t.Decided.From, t.Expect.State)
+		}
+	case t.Event != lifecycle.EventUnspecified:
+		d, err := lifecycle.Decide(t.Expect.State, t.Event)
+		if err != nil {
+			return t, "", fmt.Errorf("cluster %s: %w", t.ClusterID, err)
+		}
+		t.Decided = &d
+	default:
+		d := lifecycle.Stay(t.Expect.State)
+		t.Decided = &d
+	}
+	if t.Decided.Moves() {
+		name = t.Decided.Event.String()
+	}
+	if t.Read != nil && t.Read.Expect() != t.Expect {
+		return t, "", fmt.Errorf("cluster %s: read as %s, written expecting %s", t.ClusterID, t.Read.Expect(), t.Expect)
+	}
+	return t, name, nil
 }
 
 // casCluster is the one compare-and-set every cluster write goes through:
 // UPDATE ... WHERE id AND state AND version AND current_operation, bumping the
 // version, then checking the rows affected; and the history entry. It must run
-// inside a transaction.
-func (s *Store) casCluster(tx *gorm.DB, t Transition) (clusterRow, error) {
-	to := t.Expect.State
-	name := OperationEnded
-	if t.History != "" {
-		name = t.History
+// inside a transaction. It returns the cluster as written: t.Read with the
+// write applied, or, without t.Read, the row read back.
+func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
+	t, name, err := decide(t)
+	if err != nil {
+		return Cluster{}, err
 	}
-	if t.Event != lifecycle.EventUnspecified {
-		next, err := lifecycle.Admit(t.Expect.State, t.Event)
-		if err != nil {
-			return clusterRow{}, fmt.Errorf("cluster %s: %w", t.ClusterID, err)
-		}
-		to, name = next, t.Event.String()
-	}
+	to := t.to()
 	now := s.stamp()
-	set := map[string]any{
-		"state":             to.String(),
-		"version":           t.Expect.Version + 1,
-		"current_operation": t.Operation,
-		"update_time":       now,
-	}
+	// Written out rather than built by GORM from a map: this is the one
+	// write of every claim and every end.
+	set := "state = ?, version = ?, current_operation = ?, update_time = ?"
+	args := []any{to.String(), t.Expect.Version + 1, t.Operation, now}
 	if sp := t.Changes.Spec; sp != nil {
-		set["kubernetes_version"] = sp.KubernetesVersion
-		set["control_node_count"] = sp.ControlNodeCount
-		set["worker_node_count"] = sp.WorkerNodeCount
-		set["service_offering"] = sp.ServiceOffering
-		set["autoscaling_enabled"] = sp.Autoscaling.Enabled
-		set["autoscaling_min"] = sp.Autoscaling.MinSize
-		set["autoscaling_max"] = sp.Autoscaling.MaxSize
+		set += ", kubernetes_version = ?, control_node_count = ?, worker_node_count = ?, service_offering = ?," +
+			" autoscaling_enabled = ?, autoscaling_min = ?, autoscaling_max = ?"
+		args = append(args, sp.KubernetesVersion, sp.ControlNodeCount, sp.WorkerNodeCount, sp.ServiceOffering,
+			sp.Autoscaling.Enabled, sp.Autoscaling.MinSize, sp.Autoscaling.MaxSize)
 	}
 	if t.Changes.Endpoint != nil {
-		set["endpoint"] = *t.Changes.Endpoint
+		set += ", endpoint = ?"
+		args = append(args, *t.Changes.Endpoint)
 	}
 	if to == lifecycle.Destroyed {
 		// Soft delete: keep the row, free the display name for reuse.
-		set["delete_time"] = now
-		set["alive"] = nil
+		set += ", delete_time = ?, alive = NULL"
+		args = append(args, now)
 	}
-	res := tx.Model(&clusterRow{}).
-		Where("id = ? AND state = ? AND version = ? AND current_operation = ?",
-			t.ClusterID, t.Expect.State.String(), t.Expect.Version, t.Expect.Operation).
-		Updates(set)
+	res := tx.Exec("UPDATE clusters SET "+set+" WHERE id = ? AND state = ? AND version = ? AND current_operation = ?",
+		append(args, t.ClusterID, t.Expect.State.String(), t.Expect.Version, t.Expect.Operation)...)
 	if res.Error != nil {
-		return clusterRow{}, fmt.Errorf("update cluster %s: %w", t.ClusterID, classify(res.Error))
+		return Cluster{}, fmt.Errorf("update cluster %s: %w", t.ClusterID, classify(res.Error))
 	}
 	if res.RowsAffected != 1 {
-		return clusterRow{}, errMissed
+		return Cluster{}, errMissed
 	}
 	if t.Attempt > 0 {
 		if err := s.atAttemptOf(tx, t.Expect.Operation, t.Attempt); err != nil {
-			return clusterRow{}, err
+			return Cluster{}, err
 		}
 	}
 	op := t.Operation
@@ -307,18 +418,18 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (clusterRow, error) {
 	if server == "" {
 		server = s.server
 	}
-	ev := eventRow{
-		ClusterID: t.ClusterID, Time: now, FromState: t.Expect.State.String(), Event: name,
-		ToState: to.String(), Operation: op, Server: server, Message: t.Message,
+	if err := tx.Exec("INSERT INTO cluster_events (cluster_id, time, from_state, event, to_state, operation, server, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+		t.ClusterID, now, t.Expect.State.String(), name, to.String(), op, server, t.Message).Error; err != nil {
+		return Cluster{}, fmt.Errorf("insert event for cluster %s: %w", t.ClusterID, classify(err))
 	}
-	if err := tx.Create(&ev).Error; err != nil {
-		return clusterRow{}, fmt.Errorf("insert event for cluster %s: %w", t.ClusterID, classify(err))
+	if t.Read != nil {
+		return t.Apply(*t.Read, now), nil
 	}
 	var row clusterRow
 	if err := tx.Where("id = ?", t.ClusterID).Take(&row).Error; err != nil {
-		return clusterRow{}, fmt.Errorf("read back cluster %s: %w", t.ClusterID, classify(err))
+		return Cluster{}, fmt.Errorf("read back cluster %s: %w", t.ClusterID, classify(err))
 	}
-	return row, nil
+	return row.toCluster()
 }
 
 // atAttemptOf locks job id's row and returns errMissed unless the job is
@@ -367,7 +478,7 @@ func (s *Store) ListEvents(ctx context.Context, clusterID string, after int64, l
 		return nil, fmt.Errorf("list events: limit %d must be positive", limit)
 	}
 	var rows []eventRow
-	err := s.db.WithContext(ctx).Where("cluster_id = ? AND id > ?", clusterID, after).
+	err := s.rdb.WithContext(ctx).Where("cluster_id = ? AND id > ?", clusterID, after).
 		Order("id").Limit(limit).Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list events of cluster %s: %w", clusterID, classify(err))

@@ -113,7 +113,7 @@ func (s *Store) Fenced(ctx context.Context, f Fence, fn func(tx *Store) error) e
 			refused = &FencedError{Fence: f, Reason: reason}
 		} else {
 			bound := *s
-			bound.db, bound.inTx = tx, true
+			bound.db, bound.rdb, bound.inTx = tx, tx, true
 			if err := fn(&bound); err != nil {
 				return err
 			}
@@ -174,7 +174,7 @@ func (s *Store) holds(tx *gorm.DB, f Fence) (string, error) {
 // SimCalls lists the simulator's fencing log in order (all clusters when
 // clusterID is empty), so a checker can compare it with the histories.
 func (s *Store) SimCalls(ctx context.Context, clusterID string) ([]SimCall, error) {
-	db := s.db.WithContext(ctx)
+	db := s.rdb.WithContext(ctx)
 	if clusterID != "" {
 		db = db.Where("cluster_id = ?", clusterID)
 	}

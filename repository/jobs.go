@@ -34,10 +34,23 @@ func newJobRow(nj NewJob, clusterID, account string, now time.Time) jobRow {
 	}
 }
 
+// insertJob inserts a new job's row (written out: every claim makes one).
+func insertJob(tx *gorm.DB, j jobRow) error {
+	err := tx.Exec("INSERT INTO jobs (id, kind, account, resource_id, server_id, server_incarnation, status, request_id, request_hash,"+
+		" params, result, error, step, steps_done, steps_total, cancel_requested, deadline, create_time, update_time)"+
+		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		j.ID, j.Kind, j.Account, j.ResourceID, j.ServerID, j.ServerIncarnation, j.Status, j.RequestID, j.RequestHash,
+		j.Params, j.Result, j.Error, j.Step, j.StepsDone, j.StepsTotal, j.CancelRequested, j.Deadline, j.CreateTime, j.UpdateTime).Error
+	if err != nil {
+		return fmt.Errorf("insert job: %w", classify(err))
+	}
+	return nil
+}
+
 // GetJob reads one job.
 func (s *Store) GetJob(ctx context.Context, id string) (Job, error) {
 	var row jobRow
-	err := s.db.WithContext(ctx).Where("id = ?", id).Take(&row).Error
+	err := s.rdb.WithContext(ctx).Where("id = ?", id).Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return Job{}, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
@@ -52,7 +65,7 @@ func (s *Store) GetJob(ctx context.Context, id string) (Job, error) {
 // keys per account: another account's use of the same id is not found.
 func (s *Store) GetJobByRequestID(ctx context.Context, account, requestID string) (Job, error) {
 	var row jobRow
-	err := s.db.WithContext(ctx).Where("account = ? AND request_id = ?", account, requestID).Take(&row).Error
+	err := s.rdb.WithContext(ctx).Where("account = ? AND request_id = ?", account, requestID).Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return Job{}, fmt.Errorf("job with request id %q in account %q: %w", requestID, account, ErrNotFound)
 	}
@@ -85,7 +98,7 @@ func (s *Store) ListJobs(ctx context.Context, q JobQuery) ([]Job, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
-	db := s.db.WithContext(ctx).Model(&jobRow{}).Where("("+where+")", args...)
+	db := s.rdb.WithContext(ctx).Model(&jobRow{}).Where("("+where+")", args...)
 	if q.Account != "" {
 		db = db.Where("account = ?", q.Account)
 	}
@@ -109,32 +122,60 @@ type Progress struct {
 	Attempt int32
 }
 
-// RecordProgress stores a running job's step and returns the job as stored,
-// so the runner learns in the same round trip whether a cancellation was
-// requested (possibly through another server). A job that is no longer
-// IN_PROGRESS (recovery failed it), or no longer at p.Attempt (another server
-// adopted it), is a *JobConflictError: its work must stop.
+// RecordProgress stores a running job's step and returns the job's status
+// and cancellation flag as stored with the progress written, so the runner
+// learns in the same round trip whether a cancellation was requested
+// (possibly through another server). The write is conditioned on the job
+// running at p.Attempt and not cancelled, so the usual step is one statement
+// and nothing is read; only a job that was cancelled (the job returned is
+// then the whole row, CancelRequested set), is no longer IN_PROGRESS
+// (recovery failed it) or is no longer at p.Attempt (another server adopted
+// it) is read: the last two are a *JobConflictError, its work must stop.
 func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (Job, error) {
-	var res *gorm.DB
-	err := s.retrying(ctx, func() error {
-		res = atAttempt(s.db.WithContext(ctx).Model(&jobRow{}), p.Attempt).
-			Where("id = ? AND status = ?", jobID, string(JobInProgress)).
-			Updates(map[string]any{
-				"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
-				"update_time": s.stamp(),
-			})
-		return classify(res.Error)
-	})
-	if err != nil {
+	var (
+		res  *gorm.DB
+		now  time.Time
+		cond = "id = ? AND status = ? AND cancel_requested = ?"
+		args = []any{jobID, string(JobInProgress), false}
+	)
+	write := func() error {
+		return s.retrying(ctx, func() error {
+			now = s.stamp()
+			res = atAttempt(s.db.WithContext(ctx).Model(&jobRow{}), p.Attempt).Where(cond, args...).
+				Updates(map[string]any{
+					"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
+					"update_time": now,
+				})
+			return classify(res.Error)
+		})
+	}
+	if err := write(); err != nil {
 		return Job{}, fmt.Errorf("record progress of job %s: %w", jobID, err)
+	}
+	if res.RowsAffected == 1 {
+		return Job{ID: jobID, Status: JobInProgress, Attempt: p.Attempt, Step: p.Step, StepsDone: p.StepsDone, StepsTotal: p.StepsTotal, UpdateTime: now}, nil
 	}
 	job, err := s.GetJob(ctx, jobID)
 	if err != nil {
 		return Job{}, err
 	}
-	if res.RowsAffected != 1 {
+	if job.Status != JobInProgress || (p.Attempt > 0 && job.Attempt != p.Attempt) {
 		return job, jobConflict(job)
 	}
+	// Cancelled: the step is still recorded, so the operation shows where
+	// it stopped.
+	cond, args = "id = ? AND status = ?", []any{jobID, string(JobInProgress)}
+	if err := write(); err != nil {
+		return Job{}, fmt.Errorf("record progress of job %s: %w", jobID, err)
+	}
+	if res.RowsAffected != 1 {
+		// Ended or adopted in between.
+		if job, err = s.GetJob(ctx, jobID); err == nil {
+			err = jobConflict(job)
+		}
+		return job, err
+	}
+	job.Step, job.StepsDone, job.StepsTotal, job.UpdateTime = p.Step, p.StepsDone, p.StepsTotal, now
 	return job, nil
 }
 
@@ -202,6 +243,14 @@ type Finish struct {
 	// Attempt, when set, is the attempt that ends the job: nothing is
 	// written once another server has adopted it (Job.Attempt).
 	Attempt int32
+	// Progress, when set, is the job's last progress, written with its end
+	// rather than in a statement of its own.
+	Progress *Progress
+	// Job, when set, is the job as its runner knows it (as claimed, with its
+	// progress): FinishJob returns it as ended instead of reading the row
+	// back. A cancellation requested since the runner last looked is then
+	// not in it.
+	Job *Job
 }
 
 // FinishJob ends an IN_PROGRESS job and, in the same transaction, releases the
@@ -213,6 +262,7 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 		return Job{}, fmt.Errorf("finish job %s: status %s is not final", f.JobID, f.Status)
 	}
 	notHeld := false
+	var now time.Time
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		notHeld = false // this may be a second attempt
 		// Cluster first, then job: the same lock order as Claim and as a
@@ -229,13 +279,15 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 				return err
 			}
 		}
-		now := s.stamp()
-		res := atAttempt(tx.Model(&jobRow{}), f.Attempt).
-			Where("id = ? AND status = ?", f.JobID, string(JobInProgress)).
-			Updates(map[string]any{
-				"status": string(f.Status), "result": f.Result, "error": f.Error,
-				"end_time": now, "update_time": now,
-			})
+		now = s.stamp()
+		set := map[string]any{
+			"status": string(f.Status), "result": f.Result, "error": f.Error,
+			"end_time": now, "update_time": now,
+		}
+		if p := f.Progress; p != nil {
+			set["step"], set["steps_done"], set["steps_total"] = p.Step, p.StepsDone, p.StepsTotal
+		}
+		res := atAttempt(tx.Model(&jobRow{}), f.Attempt).Where("id = ? AND status = ?", f.JobID, string(JobInProgress)).Updates(set)
 		if res.Error != nil {
 			return fmt.Errorf("update job: %w", classify(res.Error))
 		}
@@ -254,8 +306,14 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 	if err != nil {
 		return Job{}, fmt.Errorf("finish job %s: %w", f.JobID, err)
 	}
-	job, err := s.GetJob(ctx, f.JobID)
-	if err != nil {
+	var job Job
+	if f.Job != nil {
+		job = *f.Job
+		job.Status, job.Result, job.Error, job.EndTime, job.UpdateTime = f.Status, f.Result, f.Error, &now, now
+		if p := f.Progress; p != nil {
+			job.Step, job.StepsDone, job.StepsTotal = p.Step, p.StepsDone, p.StepsTotal
+		}
+	} else if job, err = s.GetJob(ctx, f.JobID); err != nil {
 		return Job{}, err
 	}
 	if notHeld {

@@ -137,7 +137,7 @@ func (s *Store) CreateMachine(ctx context.Context, m Machine) (Machine, error) {
 
 // GetMachine reads one machine (ErrNotFound).
 func (s *Store) GetMachine(ctx context.Context, id string) (Machine, error) {
-	return s.getMachine(s.db.WithContext(ctx), id)
+	return s.getMachine(s.rdb.WithContext(ctx), id)
 }
 
 func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
@@ -155,7 +155,10 @@ func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
 // ListMachines returns the machines of the given clusters ("" names the free
 // pool), or every machine when none is given, oldest first.
 func (s *Store) ListMachines(ctx context.Context, clusterIDs ...string) ([]Machine, error) {
-	db := s.db.WithContext(ctx)
+	if !s.inTx && len(clusterIDs) > 0 {
+		return s.readMachines(ctx, clusterIDs)
+	}
+	db := s.rdb.WithContext(ctx)
 	if len(clusterIDs) > 0 {
 		db = db.Where("cluster_id IN ?", clusterIDs)
 	}
@@ -166,6 +169,35 @@ func (s *Store) ListMachines(ctx context.Context, clusterIDs ...string) ([]Machi
 	out := make([]Machine, len(rows))
 	for i := range rows {
 		out[i] = rows[i].toMachine()
+	}
+	return out, nil
+}
+
+// readMachines is ListMachines of the given clusters on the readers,
+// scanned by hand (GetCluster and ListClusters read them for every call).
+func (s *Store) readMachines(ctx context.Context, clusterIDs []string) ([]Machine, error) {
+	args := make([]any, len(clusterIDs))
+	for i, id := range clusterIDs {
+		args[i] = id
+	}
+	rows, err := s.readDB().QueryContext(ctx, "SELECT id, cluster_id, role, power, joined, cordoned, kubernetes_version, attached_iso, offering, create_time, update_time"+
+		" FROM machines WHERE cluster_id IN (?"+strings.Repeat(", ?", len(clusterIDs)-1)+") ORDER BY create_time, id", args...)
+	if err != nil {
+		return nil, fmt.Errorf("list machines: %w", classify(err))
+	}
+	defer rows.Close()
+	out := []Machine{}
+	for rows.Next() {
+		var m Machine
+		if err := rows.Scan(&m.ID, &m.ClusterID, &m.Role, &m.Power, &m.Joined, &m.Cordoned, &m.KubernetesVersion,
+			&m.AttachedISO, &m.Offering, &m.CreateTime, &m.UpdateTime); err != nil {
+			return nil, fmt.Errorf("list machines: %w", classify(err))
+		}
+		m.CreateTime, m.UpdateTime = m.CreateTime.UTC(), m.UpdateTime.UTC()
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list machines: %w", classify(err))
 	}
 	return out, nil
 }
@@ -285,7 +317,7 @@ func (s *Store) DeleteMachine(ctx context.Context, id string) error {
 // kind and port.
 func (s *Store) ListNetworkRules(ctx context.Context, clusterID string) ([]NetworkRule, error) {
 	var rows []networkRuleRow
-	err := s.db.WithContext(ctx).Where("cluster_id = ?", clusterID).
+	err := s.rdb.WithContext(ctx).Where("cluster_id = ?", clusterID).
 		Order("machine_id, kind, port").Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list network rules of cluster %s: %w", clusterID, classify(err))

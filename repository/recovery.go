@@ -34,7 +34,7 @@ const (
 // holds its own row and inserts into one of those gaps as its status changes.
 func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error) {
 	var earlier []string
-	err = s.db.WithContext(ctx).Model(&jobRow{}).
+	err = s.rdb.WithContext(ctx).Model(&jobRow{}).
 		Where("status = ? AND server_id = ? AND server_incarnation <> ?", string(JobInProgress), self.ID, self.Incarnation).
 		Order("id").Pluck("id", &earlier).Error
 	if err != nil {
@@ -50,7 +50,7 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff t
 			Where("servers.id = jobs.server_id AND (jobs.server_incarnation = '' OR servers.incarnation = jobs.server_incarnation) AND servers.heartbeat_time >= ?", cutoff.UTC())
 	}
 	var orphaned []string
-	err = s.db.WithContext(ctx).Model(&jobRow{}).
+	err = s.rdb.WithContext(ctx).Model(&jobRow{}).
 		Where("status = ? AND NOT EXISTS (?)", string(JobInProgress), live()).
 		Order("id").Pluck("id", &orphaned).Error
 	if err != nil {
@@ -87,7 +87,7 @@ func (s *Store) failJobs(ctx context.Context, ids []string, errJSON string, cond
 // so the scanner can find those its runner no longer runs.
 func (s *Store) OwnJobsInProgress(ctx context.Context, self Server) ([]Job, error) {
 	var rows []jobRow
-	err := s.db.WithContext(ctx).Where("status = ? AND server_id = ? AND server_incarnation = ?",
+	err := s.rdb.WithContext(ctx).Where("status = ? AND server_id = ? AND server_incarnation = ?",
 		string(JobInProgress), self.ID, self.Incarnation).Order("id").Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list jobs of %s: %w", self.ID, classify(err))
@@ -128,8 +128,8 @@ func (s *Store) OrphanCandidates(ctx context.Context) ([]Cluster, error) {
 		}
 	}
 	var rows []clusterRow
-	err := s.db.WithContext(ctx).
-		Where("state IN ? OR (current_operation <> '' AND state <> ?)", states, lifecycle.Destroyed.String()).
+	err := s.rdb.WithContext(ctx).
+		Where("state IN ? OR (current_operation > '' AND state <> ?)", states, lifecycle.Destroyed.String()).
 		Order("id").Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list orphan candidates: %w", classify(err))
@@ -144,7 +144,7 @@ func (s *Store) JobsByID(ctx context.Context, ids []string) (map[string]Job, err
 		return out, nil
 	}
 	var rows []jobRow
-	if err := s.db.WithContext(ctx).Where("id IN ?", ids).Find(&rows).Error; err != nil {
+	if err := s.rdb.WithContext(ctx).Where("id IN ?", ids).Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("read jobs: %w", classify(err))
 	}
 	for i := range rows {
@@ -157,7 +157,7 @@ func (s *Store) JobsByID(ctx context.Context, ids []string) (map[string]Job, err
 // predate the resource column (SPEC §4, mixed versions).
 func (s *Store) InProgressJobsWithoutResource(ctx context.Context) ([]Job, error) {
 	var rows []jobRow
-	err := s.db.WithContext(ctx).Where("status = ? AND (resource_id IS NULL OR resource_id = '')", string(JobInProgress)).
+	err := s.rdb.WithContext(ctx).Where("(resource_id IS NULL AND status = ?) OR (resource_id = '' AND status = ?)", string(JobInProgress), string(JobInProgress)).
 		Order("id").Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list jobs without resource: %w", classify(err))
@@ -173,8 +173,16 @@ func (s *Store) UnheldClusters(ctx context.Context, states []lifecycle.State, af
 	for i, st := range states {
 		names[i] = st.String()
 	}
+	// Walked in primary-key order, stopping at limit: the planners would
+	// rather read every cluster in the states off their index and sort
+	// them (855 ms a page at 100,000 clusters on MariaDB). The unary +
+	// keeps SQLite off that index; MySQL is told.
+	table := "clusters"
+	if s.backend == MySQL {
+		table = "clusters FORCE INDEX (PRIMARY)"
+	}
 	var rows []clusterRow
-	err := s.db.WithContext(ctx).Where("state IN ? AND current_operation = '' AND id > ?", names, after).
+	err := s.rdb.WithContext(ctx).Table(table).Where("+state IN ? AND +current_operation = '' AND id > ?", names, after).
 		Order("id").Limit(limit).Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list unheld clusters: %w", classify(err))
@@ -226,12 +234,14 @@ func (s *Store) RecordEvent(ctx context.Context, e Event) error {
 }
 
 // PurgeJobs deletes up to limit finished jobs that ended before cutoff and
-// that no cluster names as its current operation.
+// that no cluster names as its current operation. They are found oldest
+// first on the end time's index, in its order: nothing is sorted, and
+// nothing is read when no job is old enough.
 func (s *Store) PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
-	held := s.db.Model(&clusterRow{}).Select("current_operation").Where("current_operation <> ''")
+	held := s.rdb.Model(&clusterRow{}).Select("current_operation").Where("current_operation > ''")
 	var ids []string
-	err := s.db.WithContext(ctx).Model(&jobRow{}).
-		Where("status <> ? AND end_time < ? AND id NOT IN (?)", string(JobInProgress), cutoff.UTC(), held).
+	err := s.rdb.WithContext(ctx).Model(&jobRow{}).
+		Where("end_time < ? AND status <> ? AND id NOT IN (?)", dbTime(cutoff), string(JobInProgress), held).
 		Order("end_time").Limit(limit).Pluck("id", &ids).Error
 	if err != nil {
 		return 0, fmt.Errorf("find jobs to purge: %w", classify(err))

@@ -111,7 +111,7 @@ func (s *Store) ReleaseServer(ctx context.Context, srv Server) error {
 // GetServer reads one server row.
 func (s *Store) GetServer(ctx context.Context, id string) (Server, error) {
 	var row serverRow
-	err := s.db.WithContext(ctx).Where("id = ?", id).Take(&row).Error
+	err := s.rdb.WithContext(ctx).Where("id = ?", id).Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return Server{}, fmt.Errorf("server %s: %w", id, ErrNotFound)
 	}

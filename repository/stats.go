@@ -16,7 +16,7 @@ func (s *Store) CountClusters(ctx context.Context) (map[lifecycle.State]int64, e
 		State string
 		N     int64
 	}
-	if err := s.db.WithContext(ctx).Model(&clusterRow{}).Select("state, COUNT(*) AS n").Group("state").Scan(&rows).Error; err != nil {
+	if err := s.rdb.WithContext(ctx).Model(&clusterRow{}).Select("state, COUNT(*) AS n").Group("state").Scan(&rows).Error; err != nil {
 		return nil, fmt.Errorf("count clusters: %w", classify(err))
 	}
 	out := make(map[lifecycle.State]int64, len(rows))

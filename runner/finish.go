@@ -77,19 +77,17 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 	ctx, cancel := context.WithTimeout(r.finishCtx, r.finishTimeout)
 	defer cancel()
 
-	f := repository.Finish{JobID: t.Job.ID, Attempt: t.Job.Attempt}
+	// The job as this runner knows it, which FinishJob returns as ended
+	// without reading it back.
+	known := t.Job
+	f := repository.Finish{JobID: t.Job.ID, Attempt: t.Job.Attempt, Job: &known}
 	var cause error
 	if runErr == nil {
 		f.Status, f.Result, f.Release = repository.JobSucceeded, out.Result, out.Release
-		// Steps done counts finished steps; the last one finished with Run.
+		// Steps done counts finished steps; the last one finished with Run,
+		// and is written with the job's end.
 		if rec, ok := p.final(); ok {
-			var ended *repository.JobConflictError
-			if _, err := r.store.RecordProgress(ctx, t.Job.ID, rec); errors.As(err, &ended) {
-				log.Debug("job ended elsewhere before its success was written", "err", err)
-				return repository.Job{}, false
-			} else if err != nil {
-				log.Warn("record final progress", "err", err)
-			}
+			f.Progress = &rec
 		}
 	} else {
 		e := classify(jobCtx, t.Job.Deadline, runErr)

@@ -8,7 +8,11 @@
 // Every write the scanner causes is the repository's compare-and-set on a
 // cluster as the scanner read it; losing one is normal (another server, or a
 // user, got there first) and is only counted and logged at debug level. The
-// pass costs a fixed number of queries whatever the number of clusters.
+// pass costs a fixed number of indexed queries whatever the number of
+// clusters, each reading only what the pass acts on (orphans by an
+// anti-join, reconciliation by what changed, purging by the end time's
+// index); a sweep of every resting cluster, a page per pass, runs at start
+// and every hour.
 package scanner
 
 import (
@@ -35,10 +39,10 @@ type Store interface {
 	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error)
 	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.Job, error)
 	FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error
-	OrphanCandidates(ctx context.Context) ([]repository.Cluster, error)
-	JobsByID(ctx context.Context, ids []string) (map[string]repository.Job, error)
+	Orphans(ctx context.Context, limit int) ([]repository.Cluster, map[string]repository.Job, error)
 	InProgressJobsWithoutResource(ctx context.Context) ([]repository.Job, error)
 	UnheldClusters(ctx context.Context, states []lifecycle.State, after string, limit int) ([]repository.Cluster, error)
+	ChangedUnheldClusters(ctx context.Context, states []lifecycle.State, since time.Time, limit int) ([]repository.Cluster, error)
 	PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error)
 }
 
@@ -102,6 +106,7 @@ type Config struct {
 
 // Limits per pass, so a pass stays bounded whatever the backlog.
 const (
+	orphanLimit    = 1000
 	reconcileLimit = 1000
 	destroyLimit   = 10
 	purgeLimit     = 500
@@ -117,8 +122,16 @@ type Scanner struct {
 	mu            sync.Mutex
 	lastReconcile time.Time
 	destroyRetry  map[string]retry
-	// reconcileAfter is where the next reconciliation page starts.
+	// Reconciliation sweeps every resting cluster a page per pass (at start,
+	// after a backlog, and every sweepEvery), and in between looks only at
+	// the clusters that changed, or whose machines changed, since
+	// reconcileSince. reconcileAfter is where the sweep's next page starts,
+	// sweepStart when the sweep began (zero: not sweeping), lastSweep when
+	// the last one ended.
 	reconcileAfter string
+	reconcileSince time.Time
+	sweepStart     time.Time
+	lastSweep      time.Time
 	// suspects are this server's IN_PROGRESS jobs that the runner did not
 	// run at the last pass, with the update time seen then.
 	suspects map[string]time.Time
@@ -294,18 +307,7 @@ func (s *Scanner) encode(cause error) string {
 // reads the clusters, then their jobs, and CASes on what it read, so an
 // operation that ends in between makes the write miss.
 func (s *Scanner) orphans(ctx context.Context, r *Report) {
-	clusters, err := s.cfg.Store.OrphanCandidates(ctx)
-	if err != nil {
-		r.fail(fmt.Errorf("orphans: %w", err))
-		return
-	}
-	var ids []string
-	for _, c := range clusters {
-		if c.CurrentOperation != "" {
-			ids = append(ids, c.CurrentOperation)
-		}
-	}
-	jobs, err := s.cfg.Store.JobsByID(ctx, ids)
+	clusters, jobs, err := s.cfg.Store.Orphans(ctx, orphanLimit)
 	if err != nil {
 		r.fail(fmt.Errorf("orphans: %w", err))
 		return
@@ -415,22 +417,7 @@ func (s *Scanner) destroyDue(clusterID string) bool {
 // ALERT; ALERT with every machine running and joined -> RECOVERING ->
 // RUNNING; ALERT with every machine stopped -> STOPPING -> STOPPED.
 func (s *Scanner) reconcile(ctx context.Context, r *Report) {
-	states := []lifecycle.State{lifecycle.Running, lifecycle.Stopped, lifecycle.Alert}
-	s.mu.Lock()
-	after := s.reconcileAfter
-	s.mu.Unlock()
-	clusters, err := s.cfg.Store.UnheldClusters(ctx, states, after, reconcileLimit)
-	if err == nil {
-		// A full page: the next pass goes on from its last cluster; a short
-		// one: the next pass starts over.
-		next := ""
-		if len(clusters) == reconcileLimit {
-			next = clusters[len(clusters)-1].ID
-		}
-		s.mu.Lock()
-		s.reconcileAfter = next
-		s.mu.Unlock()
-	}
+	clusters, err := s.reconcilePage(ctx)
 	if err != nil || len(clusters) == 0 {
 		if err != nil {
 			r.fail(fmt.Errorf("reconcile: %w", err))
@@ -461,6 +448,63 @@ func (s *Scanner) reconcile(ctx context.Context, r *Report) {
 			r.Reconciled++
 		}
 	}
+}
+
+// sweepEvery is how often reconciliation sweeps every resting cluster
+// again, however little changed: a safety net under the change tracking
+// (update times stamped by several servers' clocks).
+const sweepEvery = time.Hour
+
+// reconcilePage returns the clusters this pass reconciles: the next page of
+// a sweep of every resting cluster, or, between sweeps, those that changed
+// (or whose machines changed) since the last pass. Seeing a machine change
+// relies on the infrastructure's machines being rows of clusterd's database,
+// as the simulator's are; a driver whose machines live elsewhere would need
+// a feed of its changes, or to sweep every pass.
+//
+// Between sweeps it looks back a margin that covers a write stamped before
+// the last pass read but committed after it, and clocks that differ between
+// servers. A pass that finds a full page of changes starts a sweep, so
+// nothing is left behind.
+func (s *Scanner) reconcilePage(ctx context.Context) ([]repository.Cluster, error) {
+	states := []lifecycle.State{lifecycle.Running, lifecycle.Stopped, lifecycle.Alert}
+	now := s.now()
+	margin := s.cfg.PeerTimeout + s.cfg.ReconcileInterval
+	s.mu.Lock()
+	if s.sweepStart.IsZero() && (s.lastSweep.IsZero() || now.Sub(s.lastSweep) >= sweepEvery) {
+		s.sweepStart, s.reconcileAfter = now, ""
+	}
+	sweepStart, after, since := s.sweepStart, s.reconcileAfter, s.reconcileSince
+	s.mu.Unlock()
+	if sweepStart.IsZero() {
+		clusters, err := s.cfg.Store.ChangedUnheldClusters(ctx, states, since, reconcileLimit)
+		if err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		if len(clusters) == reconcileLimit {
+			s.lastSweep = time.Time{} // more than a page changed: sweep
+		} else {
+			s.reconcileSince = now.Add(-margin)
+		}
+		s.mu.Unlock()
+		return clusters, nil
+	}
+	clusters, err := s.cfg.Store.UnheldClusters(ctx, states, after, reconcileLimit)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if len(clusters) == reconcileLimit {
+		// A full page: the next pass goes on from its last cluster.
+		s.reconcileAfter = clusters[len(clusters)-1].ID
+	} else {
+		// The sweep is done; from now on, what changed since it began.
+		s.sweepStart, s.lastSweep, s.reconcileAfter = time.Time{}, now, ""
+		s.reconcileSince = sweepStart.Add(-margin)
+	}
+	s.mu.Unlock()
+	return clusters, nil
 }
 
 // reconcileAction picks what reconciliation does to a cluster, asking the

@@ -27,7 +27,14 @@ func (s *Server) interceptors() []grpc.ServerOption {
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, withoutPeer(fields)...)
 	})
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	// A successful call is logged at DEBUG (one INFO line per read was most
+	// of what a busy server wrote); refusals and errors at their usual levels.
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(func(c codes.Code) logging.Level {
+		if c == codes.OK {
+			return logging.LevelDebug
+		}
+		return logging.DefaultServerCodeToLevel(c)
+	})}
 	recover := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error")

@@ -52,18 +52,28 @@ func (s *Clusters) Adopt(ctx context.Context, j repository.Job, cutoff time.Time
 	}
 	s.log.Info("operation adopted", "job", j.ID, "kind", j.Kind, "cluster", j.ResourceID, "from", j.ServerID,
 		"attempt", adopted.Attempt, "step", j.Step, "reason", reason)
-	_, task := s.task(adopted, work)
+	// The operation goes on from the cluster as the adoption wrote it.
+	c, err := s.store.GetCluster(ctx, adopted.ResourceID)
+	if err != nil {
+		s.handOffAgain(ctx, adopted, "handed off again at once: the adopting server could not read the cluster")
+		return fmt.Errorf("run adopted job %s: %w", j.ID, err)
+	}
+	_, task := s.task(c, adopted, work)
 	if err := s.runner.Start(task); err != nil {
 		// This server began stopping in between: let the job go again, for
 		// another server (or this one's next incarnation) to adopt.
-		if _, herr := s.store.HandOffJob(context.WithoutCancel(ctx), repository.HandOff{
-			Job: adopted, Server: s.serverID, Message: "handed off again at once: the adopting server is stopping",
-		}); herr != nil {
-			s.log.Warn("could not hand off a job adopted while stopping; peers adopt it once this server is gone", "job", j.ID, "error", herr)
-		}
+		s.handOffAgain(ctx, adopted, "handed off again at once: the adopting server is stopping")
 		return fmt.Errorf("run adopted job %s: %w", j.ID, errShuttingDown)
 	}
 	return nil
+}
+
+// handOffAgain lets an adopted job that this server cannot run go again, for
+// another server (or this one's next incarnation) to adopt.
+func (s *Clusters) handOffAgain(ctx context.Context, j repository.Job, msg string) {
+	if _, err := s.store.HandOffJob(context.WithoutCancel(ctx), repository.HandOff{Job: j, Server: s.serverID, Message: msg}); err != nil {
+		s.log.Warn("could not hand off an adopted job it cannot run; peers adopt it once this server is gone", "job", j.ID, "error", err)
+	}
 }
 
 // handOffUnstarted hands off a job whose claim committed just as this

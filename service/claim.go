@@ -129,26 +129,34 @@ func checkEtag(e string) error {
 
 // admit applies SPEC §3.3 to a cluster as read: a stale etag, then another
 // operation holding the cluster (ABORTED), then a state with no transition
-// for the event (FAILED_PRECONDITION). It changes nothing.
-func admit(c repository.Cluster, etagSent string, ev lifecycle.Event) error {
+// for the event (FAILED_PRECONDITION). It changes nothing, and returns the
+// state machine's decision, which the claim carries out as is.
+func admit(c repository.Cluster, etagSent string, ev lifecycle.Event) (lifecycle.Decision, error) {
 	name := clusterName(c.ID)
 	if etagSent != "" && etagSent != etag(c) {
-		return &EtagMismatchError{Cluster: name, Sent: etagSent, Current: etag(c)}
+		return lifecycle.Decision{}, &EtagMismatchError{Cluster: name, Sent: etagSent, Current: etag(c)}
 	}
 	if c.CurrentOperation != "" {
-		return &OperationInProgressError{Cluster: name, Operation: operationName(c.CurrentOperation)}
+		return lifecycle.Decision{}, &OperationInProgressError{Cluster: name, Operation: operationName(c.CurrentOperation)}
 	}
-	if _, err := lifecycle.Admit(c.State, ev); err != nil {
-		return &InvalidTransitionError{Cluster: name, State: c.State, Event: ev}
+	d, err := lifecycle.Decide(c.State, ev)
+	if err != nil {
+		return lifecycle.Decision{}, &InvalidTransitionError{Cluster: name, State: c.State, Event: ev}
 	}
-	return nil
+	return d, nil
 }
 
 // run is the shared path of every mutating RPC on an existing cluster:
 // validate the name, request id and etag, read the cluster (NOT_FOUND if the
-// caller may not see it), replay a retried request, refuse per SPEC §3.3,
-// claim (CAS + job row in one transaction), and only then start the work. A
-// refused request changes nothing.
+// caller may not see it), refuse per SPEC §3.3, claim (CAS + job row in one
+// transaction), and only then start the work. A refused request changes
+// nothing.
+//
+// A request id (AIP-155) is looked up only when the request cannot go
+// ahead: a retried request finds the cluster held by its first copy, or
+// moved on, or, if the cluster would take it again, its claim's job row
+// refused by the unique (account, request id) key, and is then answered
+// with the first copy's operation. So a first request costs no lookup.
 func (s *Clusters) run(ctx context.Context, r request) (*longrunningpb.Operation, error) {
 	who, err := caller(ctx)
 	if err != nil {
@@ -173,14 +181,10 @@ func (s *Clusters) run(ctx context.Context, r request) (*longrunningpb.Operation
 		return nil, err
 	}
 	key := idempotency{account: c.Account, requestID: requestID, hash: requestHash(r.msg)}
-	if op, found, err := s.replay(ctx, key, r.verb, id); found || err != nil {
-		return op, err
-	}
 	op, err := s.admitAndClaim(ctx, c, key, r)
 	if err != nil && key.requestID != "" {
-		// A copy of this request (same request_id) may have claimed the
-		// cluster since the lookup above, and its claim refused this one:
-		// answer with its operation, as AIP-155 asks.
+		// An earlier copy of this request (same request_id) may have
+		// claimed the cluster: answer with its operation, as AIP-155 asks.
 		if op, found, rerr := s.replay(ctx, key, r.verb, id); found || rerr != nil {
 			return op, rerr
 		}
@@ -195,7 +199,8 @@ func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key 
 	if r.eventFor != nil {
 		ev = r.eventFor(c)
 	}
-	if err := admit(c, r.etag, ev); err != nil {
+	d, err := admit(c, r.etag, ev)
+	if err != nil {
 		return nil, err
 	}
 	if r.check != nil {
@@ -203,9 +208,9 @@ func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key 
 			return nil, err
 		}
 	}
-	return s.claim(ctx, repository.Transition{
-		ClusterID: c.ID, Expect: c.Expect(), Event: ev, Message: fmt.Sprintf("%s requested", r.verb),
-	}, r.verb, key, r.params, r.work)
+	t := repository.Move(c, d)
+	t.Message = fmt.Sprintf("%s requested", r.verb)
+	return s.claim(ctx, t, r.verb, key, r.params, r.work)
 }
 
 // claim writes the claim (the CAS, the job row and the history entry in one
@@ -220,11 +225,11 @@ func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb stri
 	}
 	nj := s.newJob(verb, key, string(raw))
 	defer s.runner.Reserve(nj.ID)()
-	_, job, err := s.store.Claim(ctx, t, nj)
+	c, job, err := s.store.Claim(ctx, t, nj)
 	if err != nil {
 		return nil, err
 	}
-	return s.launch(ctx, job, work)
+	return s.launch(ctx, c, job, work)
 }
 
 // mayClaim refuses new work while this server is stopping, or has no lease

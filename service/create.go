@@ -28,9 +28,23 @@ func (s *Clusters) CreateCluster(ctx context.Context, req *clv1.CreateClusterReq
 		return nil, err
 	}
 	key := idempotency{account: nc.Account, requestID: requestID, hash: requestHash(req)}
-	if op, found, err := s.replay(ctx, key, VerbCreate, ""); found || err != nil {
-		return op, err
+	op, err := s.create(ctx, nc, key)
+	if err != nil && key.requestID != "" {
+		// A retry (same request_id) finds its first copy's cluster name or
+		// request id taken (or this server draining): answer with the first
+		// copy's operation (AIP-155). A first request costs no lookup.
+		if op, found, rerr := s.replay(ctx, key, VerbCreate, ""); found || rerr != nil {
+			return op, rerr
+		}
 	}
+	if errors.Is(err, repository.ErrAlreadyExists) {
+		return nil, &AlreadyExistsError{What: fmt.Sprintf("a cluster named %q in account %q", nc.DisplayName, nc.Account)}
+	}
+	return op, err
+}
+
+// create inserts the cluster held by its create job and starts the job.
+func (s *Clusters) create(ctx context.Context, nc repository.NewCluster, key idempotency) (*longrunningpb.Operation, error) {
 	if err := s.mayClaim(); err != nil {
 		return nil, err
 	}
@@ -38,17 +52,11 @@ func (s *Clusters) CreateCluster(ctx context.Context, req *clv1.CreateClusterReq
 	nj := s.newJob(VerbCreate, key, string(params))
 	defer s.runner.Reserve(nj.ID)()
 	c, job, err := s.store.CreateCluster(ctx, nc, nj)
-	if errors.Is(err, repository.ErrAlreadyExists) {
-		if op, found, rerr := s.replay(ctx, key, VerbCreate, ""); found || rerr != nil {
-			return op, rerr
-		}
-		return nil, &AlreadyExistsError{What: fmt.Sprintf("a cluster named %q in account %q", nc.DisplayName, nc.Account)}
-	}
 	if err != nil {
 		return nil, err
 	}
 	s.log.InfoContext(ctx, "cluster created", "cluster", c.ID, "name", c.DisplayName, "job", job.ID)
-	return s.launch(ctx, job, s.createWork)
+	return s.launch(ctx, c, job, s.createWork)
 }
 
 // AlreadyExistsError refuses a create whose unique name is taken.

@@ -101,10 +101,7 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 			return repository.Changes{}, err
 		}
 	}
-	c, err := o.held(ctx)
-	if err != nil {
-		return repository.Changes{}, err
-	}
+	c := o.cluster
 	machines, err := s.infra.Machines(ctx, c.ID)
 	if err != nil {
 		return repository.Changes{}, err
@@ -171,10 +168,7 @@ func (s *Clusters) checkRemove(ctx context.Context, c repository.Cluster, p node
 }
 
 func (s *Clusters) removeWork(ctx context.Context, o *op, p nodesPlan) (repository.Changes, error) {
-	c, err := o.held(ctx)
-	if err != nil {
-		return repository.Changes{}, err
-	}
+	c := o.cluster
 	machines, err := s.infra.Machines(ctx, c.ID)
 	if err != nil {
 		return repository.Changes{}, err

@@ -27,10 +27,7 @@ func (s *Clusters) StartCluster(ctx context.Context, req *clv1.StartClusterReque
 // (an ERROR cluster's interrupted create), powers on, rejoins, and finishes
 // the cluster if it never was.
 func (s *Clusters) startWork(ctx context.Context, o *op) (repository.Changes, error) {
-	c, err := o.held(ctx)
-	if err != nil {
-		return repository.Changes{}, err
-	}
+	c := o.cluster
 	endpoint, err := o.bringUp(ctx, c)
 	if err != nil {
 		return repository.Changes{}, err

@@ -29,10 +29,10 @@ func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orph
 		return s.RetryDestroy(ctx, c, reason)
 	}
 	plan := recoverPlan{Orphan: c.CurrentOperation, Kind: orphanKind, Reason: reason}
-	_, err := s.claim(ctx, repository.Transition{
-		ClusterID: c.ID, Expect: c.Expect(), History: repository.RecoveryStarted,
-		Message: fmt.Sprintf("recovering orphaned operation %s: %s", operationName(c.CurrentOperation), reason),
-	}, VerbRecover, idempotency{}, plan, s.orphanWork(plan))
+	t := repository.Move(c, lifecycle.Stay(c.State))
+	t.History = repository.RecoveryStarted
+	t.Message = fmt.Sprintf("recovering orphaned operation %s: %s", operationName(c.CurrentOperation), reason)
+	_, err := s.claim(ctx, t, VerbRecover, idempotency{}, plan, s.orphanWork(plan))
 	return err
 }
 
@@ -69,19 +69,24 @@ func (s *Clusters) orphanWork(p recoverPlan) workFunc {
 
 // RetryDestroy destroys a DESTROYING cluster again, in place (SPEC §3.4).
 func (s *Clusters) RetryDestroy(ctx context.Context, c repository.Cluster, reason string) error {
-	_, err := s.claim(ctx, repository.Transition{
-		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.DestroyRequested,
-		Message: "destroy retried: " + reason,
-	}, VerbDelete, idempotency{}, struct{}{}, s.deleteWork)
+	t, err := decided(c, lifecycle.DestroyRequested)
+	if err != nil {
+		return err
+	}
+	t.Message = "destroy retried: " + reason
+	_, err = s.claim(ctx, t, VerbDelete, idempotency{}, struct{}{}, s.deleteWork)
 	return err
 }
 
 // MarkFaulty moves a RUNNING or STOPPED cluster whose machines are not in the
 // desired power state to ALERT (FAULTS_DETECTED); no job, one CAS.
 func (s *Clusters) MarkFaulty(ctx context.Context, c repository.Cluster, reason string) error {
-	_, err := s.store.Transition(ctx, repository.Transition{
-		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.FaultsDetected, Message: reason,
-	})
+	t, err := decided(c, lifecycle.FaultsDetected)
+	if err != nil {
+		return err
+	}
+	t.Message = reason
+	_, err = s.store.Transition(ctx, t)
 	return err
 }
 
@@ -90,10 +95,12 @@ func (s *Clusters) MarkFaulty(ctx context.Context, c repository.Cluster, reason 
 // the machines again and converged the leftovers. Only this job completes
 // the recovery it started.
 func (s *Clusters) RecoverAlert(ctx context.Context, c repository.Cluster) error {
-	_, err := s.claim(ctx, repository.Transition{
-		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.RecoveryRequested,
-		Message: "machines all running and nodes joined",
-	}, VerbRecover, idempotency{}, recoverPlan{}, s.recoverAlertWork)
+	t, err := decided(c, lifecycle.RecoveryRequested)
+	if err != nil {
+		return err
+	}
+	t.Message = "machines all running and nodes joined"
+	_, err = s.claim(ctx, t, VerbRecover, idempotency{}, recoverPlan{}, s.recoverAlertWork)
 	return err
 }
 
@@ -139,11 +146,24 @@ func (s *Clusters) recoverAlertWork(ctx context.Context, o *op) (repository.Chan
 // stopped: STOPPING, then STOPPED. The claim is on the cluster as the scanner
 // listed it, so a user's start since then wins.
 func (s *Clusters) StopAlert(ctx context.Context, c repository.Cluster) error {
-	_, err := s.claim(ctx, repository.Transition{
-		ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StopRequested,
-		Message: "machines all stopped",
-	}, VerbStop, idempotency{}, struct{}{}, s.stopWork)
+	t, err := decided(c, lifecycle.StopRequested)
+	if err != nil {
+		return err
+	}
+	t.Message = "machines all stopped"
+	_, err = s.claim(ctx, t, VerbStop, idempotency{}, struct{}{}, s.stopWork)
 	return err
+}
+
+// decided is the transition that sends ev to cluster c as the scanner read
+// it, with the state machine's decision (a *lifecycle.TransitionError if its
+// state has none).
+func decided(c repository.Cluster, ev lifecycle.Event) (repository.Transition, error) {
+	d, err := lifecycle.Decide(c.State, ev)
+	if err != nil {
+		return repository.Transition{}, fmt.Errorf("cluster %s: %w", c.ID, err)
+	}
+	return repository.Move(c, d), nil
 }
 
 // repair converges what an interrupted or failed operation left (SPEC
@@ -158,9 +178,14 @@ func (s *Clusters) StopAlert(ctx context.Context, c repository.Cluster) error {
 // upgrade needs nothing more: run again, it skips the nodes already done.
 func (o *op) repair(ctx context.Context, kind string) (repository.Changes, error) {
 	s := o.s
-	c, err := o.held(ctx)
-	if err != nil {
-		return repository.Changes{}, err
+	c := o.cluster
+	if o.ending {
+		// On the way out of a failure: the failure may be that the
+		// cluster was taken, and then there is nothing to repair.
+		var err error
+		if c, err = o.held(ctx); err != nil {
+			return repository.Changes{}, err
+		}
 	}
 	machines, err := s.infra.Machines(ctx, c.ID)
 	if err != nil {

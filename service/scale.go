@@ -174,10 +174,7 @@ func machineIDs(v *violations, field string, names []string) []string {
 // with the final transition, so an interrupted scale leaves the old spec for
 // recovery to converge to.
 func (s *Clusters) scaleWork(ctx context.Context, o *op, p scalePlan) (repository.Changes, error) {
-	c, err := o.held(ctx)
-	if err != nil {
-		return repository.Changes{}, err
-	}
+	c := o.cluster
 	spec := c.Spec
 	machines, err := s.infra.Machines(ctx, c.ID)
 	if err != nil {

@@ -55,10 +55,7 @@ func checkUpgrade(current, target string) error {
 // at the target are skipped, so an upgrade run again, or adopted, goes on
 // from the first node not yet upgraded.
 func (s *Clusters) upgradeWork(ctx context.Context, o *op, p upgradePlan) (repository.Changes, error) {
-	c, err := o.held(ctx)
-	if err != nil {
-		return repository.Changes{}, err
-	}
+	c := o.cluster
 	machines, err := s.infra.Machines(ctx, c.ID)
 	if err != nil {
 		return repository.Changes{}, err

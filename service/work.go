@@ -28,6 +28,11 @@ type op struct {
 	s   *Clusters
 	job repository.Job
 	p   *runner.Progress
+	// cluster is the cluster as this operation last wrote it (its claim, or
+	// a move since). While the operation holds the cluster nobody else
+	// writes it, so this is the row: the steps read it here, and the end's
+	// compare-and-set expects it (and misses if the cluster was taken).
+	cluster repository.Cluster
 	// endEvent and failEvent are how the operation ends if it succeeds
 	// (OPERATION_SUCCEEDED) or fails (OPERATION_FAILED, except a create
 	// that fails before its cluster is up: CREATE_FAILED). Recovery ends an
@@ -63,8 +68,8 @@ var errNotHeld = errors.New("operation no longer holds the cluster")
 // (ClustersConfig.HandOff) or, failing that, ended at once with the cluster
 // following the failure transition, so no claim is left without a job
 // running it.
-func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc) (*longrunningpb.Operation, error) {
-	o, task := s.task(job, work)
+func (s *Clusters) launch(ctx context.Context, c repository.Cluster, job repository.Job, work workFunc) (*longrunningpb.Operation, error) {
+	o, task := s.task(c, job, work)
 	if err := s.runner.Start(task); err != nil {
 		if s.handOff {
 			if op, herr := s.handOffUnstarted(ctx, job); herr == nil {
@@ -72,7 +77,7 @@ func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc
 			}
 		}
 		s.log.Warn("could not start job; failing it", "job", job.ID, "error", err)
-		t, _, _ := o.release(ctx, o.failEvent, repository.Changes{}, "server shutting down")
+		t, _, _ := o.release(ctx, o.failEvent, repository.Changes{}, "server shutting down", false)
 		if _, ferr := s.store.FinishJob(context.WithoutCancel(ctx), repository.Finish{JobID: job.ID, Status: repository.JobFailed,
 			Error: EncodeJobError(runner.ErrShutdown), Release: t}); ferr != nil && !errors.Is(ferr, repository.ErrNotHeld) {
 			s.log.Error("could not fail a job that did not start", "job", job.ID, "error", ferr)
@@ -85,10 +90,11 @@ func (s *Clusters) launch(ctx context.Context, job repository.Job, work workFunc
 // errShuttingDown maps to UNAVAILABLE: the client may retry on another server.
 var errShuttingDown = errors.New("server shutting down")
 
-// task is the runner's task of a job: its work, then the success release;
-// or, on failure, the repair of what it left and the failure release.
-func (s *Clusters) task(job repository.Job, work workFunc) (*op, runner.Task) {
-	o := &op{s: s, job: job, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed}
+// task is the runner's task of a job that holds cluster c (as its claim or
+// its adoption wrote it): its work, then the success release; or, on
+// failure, the repair of what it left and the failure release.
+func (s *Clusters) task(c repository.Cluster, job repository.Job, work workFunc) (*op, runner.Task) {
+	o := &op{s: s, job: job, cluster: c, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed}
 	return o, runner.Task{
 		Job: job,
 		Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
@@ -108,7 +114,7 @@ func (s *Clusters) task(job repository.Job, work workFunc) (*op, runner.Task) {
 			if err != nil {
 				return nil, err
 			}
-			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error()+note)
+			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error()+note, false)
 			return t, err
 		},
 	}
@@ -165,7 +171,8 @@ func (o *op) call(machineID string) infra.Call {
 	return infra.Call{ClusterID: o.job.ResourceID, Operation: o.job.ID, Attempt: o.job.Attempt, MachineID: machineID}
 }
 
-// held reads the cluster and checks this operation still holds it.
+// held reads the cluster and checks this operation still holds it: the
+// failure paths' question, since a failure may be the loss of the cluster.
 func (o *op) held(ctx context.Context) (repository.Cluster, error) {
 	c, err := o.s.store.GetCluster(ctx, o.job.ResourceID)
 	if err != nil {
@@ -174,51 +181,53 @@ func (o *op) held(ctx context.Context) (repository.Cluster, error) {
 	if c.CurrentOperation != o.job.ID {
 		return c, fmt.Errorf("cluster %s is held by %q: %w", c.ID, c.CurrentOperation, errNotHeld)
 	}
+	o.cluster = c
 	return c, nil
 }
 
 // move makes a transition while keeping the cluster held (e.g. the create
 // job's CREATED -> STARTING), only while this operation, at this attempt,
-// holds it.
+// holds it: the compare-and-set expects the cluster as this operation last
+// wrote it, and an adoption writes the cluster (its history entry bumps the
+// version), so an earlier attempt's move misses from that instant.
 func (o *op) move(ctx context.Context, ev lifecycle.Event, msg string) (repository.Cluster, error) {
-	c, err := o.held(ctx)
+	d, err := lifecycle.Decide(o.cluster.State, ev)
 	if err != nil {
-		return c, err
+		return o.cluster, err
 	}
-	return o.s.store.Transition(ctx, repository.Transition{
-		ClusterID: c.ID, Expect: c.Expect(), Event: ev, Operation: o.job.ID, Message: msg, Attempt: o.job.Attempt,
-	})
+	t := repository.Move(o.cluster, d)
+	t.Operation, t.Message = o.job.ID, msg
+	c, err := o.s.store.Transition(ctx, t)
+	if err != nil {
+		return o.cluster, err
+	}
+	o.cluster = c
+	return c, nil
 }
 
 // release builds the transition that ends the operation: ev if the state
 // machine has it from the state the cluster is in, otherwise none (the
 // operations of SPEC §3.4 end without a state change). It returns nil when
 // the operation no longer holds the cluster, which is then left alone.
-// predicted is the cluster as the transition will write it.
-func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Changes, msg string) (*repository.Transition, repository.Cluster, error) {
-	c, err := o.held(ctx)
-	if errors.Is(err, errNotHeld) {
-		o.s.log.Info("operation ends without moving the cluster: no longer held", "job", o.job.ID, "cluster", c.ID, "holder", c.CurrentOperation)
-		return nil, c, nil
+// predicted is the cluster as the transition will write it. On success the
+// cluster is the one this operation wrote last, unread; a failure reads it,
+// since the failure may be that the cluster was taken.
+func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Changes, msg string, success bool) (*repository.Transition, repository.Cluster, error) {
+	c := o.cluster
+	if !success {
+		var err error
+		c, err = o.held(ctx)
+		if errors.Is(err, errNotHeld) {
+			o.s.log.Info("operation ends without moving the cluster: no longer held", "job", o.job.ID, "cluster", c.ID, "holder", c.CurrentOperation)
+			return nil, c, nil
+		}
+		if err != nil {
+			return nil, c, err
+		}
 	}
-	if err != nil {
-		return nil, c, err
-	}
-	t := &repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Changes: ch, Message: msg}
-	predicted := c
-	if to, err := lifecycle.Next(c.State, ev); err == nil {
-		t.Event, predicted.State = ev, to
-	}
-	predicted.Version++
-	predicted.CurrentOperation = ""
-	if ch.Spec != nil {
-		predicted.Spec = *ch.Spec
-	}
-	if ch.Endpoint != nil {
-		predicted.Endpoint = *ch.Endpoint
-	}
-	predicted.UpdateTime = o.s.now().UTC()
-	return t, predicted, nil
+	t := repository.Move(c, lifecycle.End(c.State, ev))
+	t.Changes, t.Message = ch, msg
+	return &t, t.Apply(c, o.s.now().UTC()), nil
 }
 
 // succeed ends a successful operation: the release transition and the
@@ -228,7 +237,7 @@ func (o *op) succeed(ctx context.Context, ch repository.Changes) (runner.Outcome
 	if msg == "" {
 		msg = o.job.Kind + " succeeded"
 	}
-	t, predicted, err := o.release(ctx, o.endEvent, ch, msg)
+	t, predicted, err := o.release(ctx, o.endEvent, ch, msg, true)
 	if err != nil {
 		return runner.Outcome{}, err
 	}

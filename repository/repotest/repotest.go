@@ -277,3 +277,15 @@ func Exec(t testing.TB, dsn, query string, args ...any) {
 		t.Fatalf("%s: %v", query, err)
 	}
 }
+
+// DriverDSN is the go-sql-driver/mysql DSN of a mysql:// DSN as NewDSN
+// returned it, for tests and benchmarks that talk to the database beside
+// the repository (EXPLAIN, raw-SQL baselines).
+func DriverDSN(t testing.TB, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("parse %s: %v", dsn, err)
+	}
+	return driverDSN(u, u.Path)
+}

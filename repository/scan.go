@@ -1,0 +1,153 @@
+package repository
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/clusterd/clusterd/lifecycle"
+)
+
+// The scanner's reads. Each is one indexed query that returns only what the
+// scanner acts on, whatever the number of clusters (the EXPLAIN plans are
+// checked on both backends by TestScanQueryPlans). `current_operation > ''`
+// says "held" in a form SQLite can answer from an index (it cannot use one
+// for <>).
+
+// clusterColumns of clusterRow, qualified by the alias c.
+const clusterCols = "c.id, c.account, c.display_name, c.alive, c.description, c.state, c.version, " +
+	"c.current_operation, c.kubernetes_version, c.control_node_count, c.worker_node_count, " +
+	"c.service_offering, c.autoscaling_enabled, c.autoscaling_min, c.autoscaling_max, c.endpoint, " +
+	"c.create_time, c.update_time, c.delete_time"
+
+// scanCluster reads the clusterCols of one row, then extra.
+func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
+	var (
+		r     clusterRow
+		alive sql.NullInt64
+		del   sql.NullTime
+	)
+	dest := append([]any{&r.ID, &r.Account, &r.DisplayName, &alive, &r.Description, &r.State, &r.Version,
+		&r.CurrentOperation, &r.KubernetesVersion, &r.ControlNodeCount, &r.WorkerNodeCount,
+		&r.ServiceOffering, &r.AutoscalingEnabled, &r.AutoscalingMin, &r.AutoscalingMax, &r.Endpoint,
+		&r.CreateTime, &r.UpdateTime, &del}, extra...)
+	if err := rows.Scan(dest...); err != nil {
+		return r, err
+	}
+	if alive.Valid {
+		a := int(alive.Int64)
+		r.Alive = &a
+	}
+	if del.Valid {
+		r.DeleteTime = &del.Time
+	}
+	return r, nil
+}
+
+// Orphans lists, in one query, up to limit clusters that recovery must take
+// over (SPEC §5.1), those held by an operation first: a cluster that names
+// an operation whose job is not IN_PROGRESS (ended, or missing), and an
+// unheld cluster in an operation state, CREATED or DESTROYING. Jobs maps
+// each named operation that exists to its job (ID, Kind, Status and Error
+// only). A job that is IN_PROGRESS holds its cluster as far as this query
+// goes: liveness fails the jobs of dead servers first.
+//
+// It is an anti-join on two indexes, the held clusters (current_operation)
+// joined to their jobs by primary key, and the unheld ones (state,
+// current_operation), so it reads the running operations and the orphans,
+// never the resting clusters.
+func (s *Store) Orphans(ctx context.Context, limit int) ([]Cluster, map[string]Job, error) {
+	var states []string
+	for _, st := range lifecycle.States() {
+		if _, ok := lifecycle.OrphanEvent(st); ok {
+			states = append(states, st.String())
+		}
+	}
+	rows, err := s.rdb.WithContext(ctx).Raw("SELECT "+clusterCols+", j.id, j.kind, j.status, j.error"+
+		" FROM clusters c LEFT JOIN jobs j ON j.id = c.current_operation"+
+		" WHERE c.current_operation > '' AND c.state <> ? AND (j.id IS NULL OR j.status <> ?)"+
+		" UNION ALL SELECT "+clusterCols+", NULL, NULL, NULL, NULL FROM clusters c"+
+		" WHERE c.state IN ? AND c.current_operation = '' LIMIT ?",
+		lifecycle.Destroyed.String(), string(JobInProgress), states, limit).Rows()
+	if err != nil {
+		return nil, nil, fmt.Errorf("list orphans: %w", classify(err))
+	}
+	defer rows.Close()
+	var out []Cluster
+	jobs := map[string]Job{}
+	for rows.Next() {
+		var id, kind, status, jerr sql.NullString
+		r, err := scanCluster(rows, &id, &kind, &status, &jerr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("list orphans: %w", classify(err))
+		}
+		c, err := r.toCluster()
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, c)
+		if id.Valid {
+			jobs[id.String] = Job{ID: id.String, Kind: kind.String, Status: JobStatus(status.String), Error: jerr.String}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("list orphans: %w", classify(err))
+	}
+	return out, jobs, nil
+}
+
+// ChangedUnheldClusters lists up to limit clusters in the given states that
+// no operation holds and that changed at or after since, themselves or one
+// of their machines, in id order (when there are more, which ones is not
+// said): reconciliation's pass over what changed,
+// one query on two indexes (the clusters' and the machines' update times),
+// so a pass where nothing changed reads nothing.
+func (s *Store) ChangedUnheldClusters(ctx context.Context, states []lifecycle.State, since time.Time, limit int) ([]Cluster, error) {
+	names := make([]string, len(states))
+	for i, st := range states {
+		names[i] = st.String()
+	}
+	since = dbTime(since)
+	// The unary + (a no-op on MySQL) keeps SQLite, which plans without
+	// statistics, from reading every resting cluster off the state index
+	// instead of only the changed ones off the update times.
+	rows, err := s.rdb.WithContext(ctx).Raw("SELECT "+clusterCols+" FROM clusters c"+
+		" WHERE c.update_time >= ? AND +c.state IN ? AND +c.current_operation = ''"+
+		" UNION ALL SELECT "+clusterCols+" FROM clusters c"+
+		" WHERE c.id IN (SELECT m.cluster_id FROM machines m WHERE m.update_time >= ?) AND +c.state IN ? AND +c.current_operation = ''"+
+		" LIMIT ?",
+		since, names, since, names, limit).Rows()
+	if err != nil {
+		return nil, fmt.Errorf("list changed clusters: %w", classify(err))
+	}
+	defer rows.Close()
+	var out []Cluster
+	for rows.Next() {
+		r, err := scanCluster(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list changed clusters: %w", classify(err))
+		}
+		c, err := r.toCluster()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list changed clusters: %w", classify(err))
+	}
+	// Sorted and deduplicated (a cluster that changed with its machines is
+	// in both halves) here, not by the query: an ORDER BY or a UNION would
+	// have SQLite walk the primary key to merge the two halves in order.
+	slices.SortFunc(out, func(a, b Cluster) int { return strings.Compare(a.ID, b.ID) })
+	return slices.CompactFunc(out, func(a, b Cluster) bool { return a.ID == b.ID }), nil
+}
+
+// dbTime is t as a bound of an indexed range on a time column: UTC, at the
+// microsecond precision the columns keep. MariaDB does not take a time with
+// nanoseconds (what time.Now() has) as a constant of the column's type, and
+// then reads the whole index instead of the range.
+func dbTime(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
