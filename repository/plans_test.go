@@ -116,7 +116,7 @@ func TestScanQueryPlans(t *testing.T) {
 				run  func() error
 			}{
 				{"liveness", nil, func() error {
-					_, _, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-time.Hour), "", "")
+					_, _, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-time.Hour), time.Time{}, "", "")
 					return err
 				}},
 				{"own jobs", nil, func() error { _, err := s.OwnJobsInProgress(ctx, self); return err }},

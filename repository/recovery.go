@@ -23,19 +23,27 @@ const (
 // (SPEC §5): its server row is missing, carries another incarnation (the
 // process restarted), or has not heartbeaten since cutoff. Jobs of self's
 // earlier incarnations fail with the stored error restartedErr, the others
-// with stoppedErr (the caller encodes both). The
-// update is conditioned on IN_PROGRESS, so two live servers never both end a
-// job, and it never looks at a job's age.
+// with stoppedErr (the caller encodes both). The update is conditioned on
+// IN_PROGRESS, so two live servers never both end a job, and it never looks
+// at a job's age. createdBefore, when set, leaves alone the jobs created
+// after it: a scanner pass that first offered the dead servers' jobs for
+// adoption fails only jobs that existed when it did.
 //
 // Each kind is found by a plain read and then failed by primary key, so the
 // write locks only the rows it changes. A range UPDATE over the jobs' status
 // index (what this was) takes next-key locks on every IN_PROGRESS job and
 // the gaps around them, and deadlocked on MySQL with a job finishing, which
 // holds its own row and inserts into one of those gaps as its status changes.
-func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error) {
+func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff, createdBefore time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error) {
+	bound := func(db *gorm.DB) *gorm.DB {
+		if createdBefore.IsZero() {
+			return db
+		}
+		return db.Where("create_time <= ?", createdBefore.UTC().Truncate(time.Microsecond))
+	}
 	var earlier []string
-	err = s.rdb.WithContext(ctx).Model(&jobRow{}).
-		Where("status = ? AND server_id = ? AND server_incarnation <> ?", string(JobInProgress), self.ID, self.Incarnation).
+	err = bound(s.rdb.WithContext(ctx).Model(&jobRow{}).
+		Where("status = ? AND server_id = ? AND server_incarnation <> ?", string(JobInProgress), self.ID, self.Incarnation)).
 		Order("id").Pluck("id", &earlier).Error
 	if err != nil {
 		return 0, 0, fmt.Errorf("find jobs of earlier incarnations of %s: %w", self.ID, classify(err))
@@ -50,8 +58,8 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff t
 			Where("servers.id = jobs.server_id AND (jobs.server_incarnation = '' OR servers.incarnation = jobs.server_incarnation) AND servers.heartbeat_time >= ?", cutoff.UTC())
 	}
 	var orphaned []string
-	err = s.rdb.WithContext(ctx).Model(&jobRow{}).
-		Where("status = ? AND NOT EXISTS (?)", string(JobInProgress), live()).
+	err = bound(s.rdb.WithContext(ctx).Model(&jobRow{}).
+		Where("status = ? AND NOT EXISTS (?)", string(JobInProgress), live())).
 		Order("id").Pluck("id", &orphaned).Error
 	if err != nil {
 		return restarted, 0, fmt.Errorf("find jobs of dead servers: %w", classify(err))

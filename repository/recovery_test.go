@@ -48,7 +48,7 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			restarted, stopped, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), errJSON("server restarted"), errJSON("owner server stopped"))
+			restarted, stopped, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), time.Time{}, errJSON("server restarted"), errJSON("owner server stopped"))
 			if err != nil || restarted != 1 || stopped != 1 {
 				t.Fatalf("FailJobsOfDeadServers = %d restarted, %d stopped, %v; want 1, 1", restarted, stopped, err)
 			}
@@ -67,7 +67,7 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 				t.Errorf("dead server's job error = %s", j.Error)
 			}
 			// Running it again changes nothing: the CAS is on IN_PROGRESS.
-			if r, st, _ := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), errJSON("server restarted"), errJSON("owner server stopped")); r+st != 0 {
+			if r, st, _ := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), time.Time{}, errJSON("server restarted"), errJSON("owner server stopped")); r+st != 0 {
 				t.Errorf("second pass failed %d more jobs", r+st)
 			}
 		})

@@ -36,7 +36,7 @@ import (
 // Store is the part of the repository the scanner reads and writes.
 type Store interface {
 	AdoptableJobs(ctx context.Context, q repository.AdoptableQuery) ([]repository.Job, error)
-	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error)
+	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff, createdBefore time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error)
 	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.Job, error)
 	FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error
 	Orphans(ctx context.Context, limit int) ([]repository.Cluster, map[string]repository.Job, error)
@@ -231,12 +231,20 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 // Adopter, those that may still be adopted are adopted first, so only the
 // others (out of attempts or time, or of no cluster) fail.
 func (s *Scanner) liveness(ctx context.Context, r *Report) {
-	cutoff := s.now().Add(-s.cfg.PeerTimeout)
-	if s.cfg.Adopter != nil && !s.adopt(ctx, r, cutoff) {
-		s.lostJobs(ctx, r)
-		return
+	began := s.now()
+	cutoff := began.Add(-s.cfg.PeerTimeout)
+	// With adoption, only the jobs that existed when they were offered for
+	// adoption may fail in this pass: one created since is offered next.
+	var createdBefore time.Time
+	if s.cfg.Adopter != nil {
+		createdBefore = began
+		if !s.adopt(ctx, r, cutoff) {
+			s.lostJobs(ctx, r)
+			return
+		}
 	}
-	restarted, stopped, err := s.cfg.Store.FailJobsOfDeadServers(ctx, s.cfg.Self, cutoff, s.encode(runner.ErrServerRestarted), s.encode(runner.ErrOwnerStopped))
+	restarted, stopped, err := s.cfg.Store.FailJobsOfDeadServers(ctx, s.cfg.Self, cutoff, createdBefore,
+		s.encode(runner.ErrServerRestarted), s.encode(runner.ErrOwnerStopped))
 	r.JobsFailed += int(restarted + stopped)
 	if err != nil {
 		r.fail(fmt.Errorf("liveness: %w", err))
