@@ -171,6 +171,32 @@ func (s *Store) holds(tx *gorm.DB, f Fence) (string, error) {
 	return "", nil
 }
 
+// PurgeSimCalls deletes up to limit entries of the simulator's fencing log
+// made before cutoff, so the log, one row per infrastructure call, does not
+// grow without end; the scanner passes the job retention, so an entry goes
+// when the job it records may. They are found oldest first on the time's
+// index: nothing is sorted, and nothing is read when none is old enough.
+func (s *Store) PurgeSimCalls(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
+	var ids []int64
+	err := s.rdb.WithContext(ctx).Model(&simCallRow{}).Where("time < ?", dbTime(cutoff)).
+		Order("time").Limit(limit).Pluck("id", &ids).Error
+	if err != nil {
+		return 0, fmt.Errorf("find simulator calls to purge: %w", classify(err))
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	var res *gorm.DB
+	err = s.retrying(ctx, func() error {
+		res = s.db.WithContext(ctx).Where("id IN ?", ids).Delete(&simCallRow{})
+		return classify(res.Error)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("purge simulator calls: %w", err)
+	}
+	return res.RowsAffected, nil
+}
+
 // SimCalls lists the simulator's fencing log in order (all clusters when
 // clusterID is empty), so a checker can compare it with the histories.
 func (s *Store) SimCalls(ctx context.Context, clusterID string) ([]SimCall, error) {

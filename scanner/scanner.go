@@ -44,6 +44,7 @@ type Store interface {
 	UnheldClusters(ctx context.Context, states []lifecycle.State, after string, limit int) ([]repository.Cluster, error)
 	ChangedUnheldClusters(ctx context.Context, states []lifecycle.State, since time.Time, limit int) ([]repository.Cluster, error)
 	PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error)
+	PurgeSimCalls(ctx context.Context, cutoff time.Time, limit int) (int64, error)
 }
 
 // Recoverer starts the jobs that move clusters back (the service's
@@ -98,7 +99,8 @@ type Config struct {
 	ScanInterval time.Duration
 	// ReconcileInterval (default 10s): reconciliation against the infrastructure.
 	ReconcileInterval time.Duration
-	// JobRetention (default 7 days): finished jobs older than this are purged.
+	// JobRetention (default 7 days): finished jobs older than this are
+	// purged, and the simulator's log of infrastructure calls with them.
 	JobRetention time.Duration
 	Clock        func() time.Time
 	Logger       *slog.Logger
@@ -556,11 +558,16 @@ func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms 
 	return "", nil
 }
 
-// purge deletes finished jobs past the retention period.
+// purge deletes finished jobs past the retention period, and the
+// simulator's log of infrastructure calls made before it.
 func (s *Scanner) purge(ctx context.Context, r *Report) {
-	n, err := s.cfg.Store.PurgeJobs(ctx, s.now().Add(-s.cfg.JobRetention), purgeLimit)
+	cutoff := s.now().Add(-s.cfg.JobRetention)
+	n, err := s.cfg.Store.PurgeJobs(ctx, cutoff, purgeLimit)
 	r.Purged += int(n)
 	if err != nil {
+		r.fail(fmt.Errorf("purge: %w", err))
+	}
+	if _, err := s.cfg.Store.PurgeSimCalls(ctx, cutoff, purgeLimit); err != nil {
 		r.fail(fmt.Errorf("purge: %w", err))
 	}
 }

@@ -100,7 +100,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.DurationVar(&cfg.PeerTimeout, "peer-timeout", 6*time.Second, "a server whose heartbeat is older than this is dead; its jobs are failed and its clusters recovered")
 	fs.DurationVar(&cfg.ScanInterval, "scan-interval", 2*time.Second, "how often liveness and orphan recovery run")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often resting clusters are reconciled against the infrastructure")
-	fs.DurationVar(&cfg.JobRetention, "job-retention", 7*24*time.Hour, "finished operations are purged after this")
+	fs.DurationVar(&cfg.JobRetention, "job-retention", 7*24*time.Hour, "finished operations, and the simulator's log of infrastructure calls, are purged after this")
 	fs.StringVar(&cfg.OnOwnerLoss, "on-owner-loss", server.OnOwnerLossResume, "what becomes of a running operation whose server stops or dies: resume (handed off on a graceful stop, adopted by a live server and run on from its last step) or fail (failed, its cluster recovered)")
 	fs.IntVar(&cfg.MaxOperationAttempts, "max-operation-attempts", 3, "with --on-owner-loss=resume, an operation that has run this many times fails when its server is lost again")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
