@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -15,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
 	"google.golang.org/grpc"
@@ -64,8 +67,8 @@ func (s *Server) gateway(ctx context.Context) error {
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
 		}}),
 		runtime.SetQueryParameterParser(strictQuery{}),
-		runtime.WithErrorHandler(gatewayError),
-		runtime.WithRoutingErrorHandler(routingError),
+		runtime.WithErrorHandler(s.gatewayError),
+		runtime.WithRoutingErrorHandler(s.routingError),
 		runtime.WithMiddlewares(func(next runtime.HandlerFunc) runtime.HandlerFunc {
 			return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
 				if pattern, ok := runtime.HTTPPattern(r.Context()); ok && r.URL.RawQuery != "" && queryFree[routeKey(r.Method, pattern)] {
@@ -204,14 +207,30 @@ func writeError(mux *runtime.ServeMux, w http.ResponseWriter, r *http.Request, h
 
 // gatewayError is the one error handler of the REST gateway: errors from the
 // gRPC server already carry their ErrorInfo; the gateway's own (bad JSON, an
-// unknown query parameter) get one through the same mapping.
-func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+// unknown query parameter) get one through the same mapping. The gRPC
+// server's interceptors log the calls that reached it; the gateway logs its
+// own refusals here, so that no refused request goes unrecorded.
+func (s *Server) gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	var custom *runtime.HTTPStatusError
 	httpStatus := 0
 	if errors.As(err, &custom) {
 		httpStatus, err = custom.HTTPStatus, custom.Err
 	}
 	st := service.Status(err)
+	if !reachedServer(ctx) {
+		status := httpStatus
+		if status == 0 {
+			status = runtime.HTTPStatusFromCode(st.Code())
+		}
+		client := r.RemoteAddr
+		if host, _, splitErr := net.SplitHostPort(client); splitErr == nil {
+			client = host
+		}
+		s.log.Log(ctx, slog.Level(logging.DefaultServerCodeToLevel(st.Code())), "request refused by the REST gateway",
+			"request_id", r.Header.Get(RequestIDHeader), "client", client,
+			"http.method", service.Clip(r.Method), "http.path", service.Clip(r.URL.Path), "http.status", status,
+			"grpc.code", st.Code().String(), "error", st.Message())
+	}
 	err = st.Err()
 	if httpStatus != 0 {
 		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: err}
@@ -220,6 +239,13 @@ func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 		w = challenge{w}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+}
+
+// reachedServer says whether a REST call reached the gRPC server (which
+// answers every call it sees with a request id header) before it failed.
+func reachedServer(ctx context.Context) bool {
+	md, ok := runtime.ServerMetadataFromContext(ctx)
+	return ok && len(md.HeaderMD.Get(RequestIDHeader)) > 0
 }
 
 // challenge sets a proper RFC 6750 challenge on 401 answers (the gateway
@@ -234,7 +260,7 @@ func (c challenge) WriteHeader(code int) {
 
 // routingError answers a path no route matches (404) or a method the path
 // does not take (405) with a google.rpc.Status like every other error.
-func routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+func (s *Server) routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
 	path := service.Clip(r.URL.Path)
 	var err error
 	switch httpStatus {
@@ -247,7 +273,7 @@ func routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: service.StatusWithReason(codes.InvalidArgument,
 			fmt.Sprintf("%s %s: %s", r.Method, path, http.StatusText(httpStatus)), service.ReasonInvalidArgument).Err()}
 	}
-	gatewayError(ctx, mux, m, w, r, err)
+	s.gatewayError(ctx, mux, m, w, r, err)
 }
 
 // strictJSON is the gateway's JSON marshaler, refusing data after the JSON

@@ -320,10 +320,28 @@ func TestRequestIDs(t *testing.T) {
 	if resp := rest("/v1/nowhere", ""); resp.StatusCode != 404 || !uuidPattern.MatchString(resp.Header.Get("X-Request-Id")) {
 		t.Errorf("unknown route: %d, X-Request-Id %q; want 404 with a fresh id", resp.StatusCode, resp.Header.Get("X-Request-Id"))
 	}
+	if resp := rest("/v1/clusters?pageSizee=3", "gw-refused-1"); resp.StatusCode != 400 {
+		t.Errorf("unknown query parameter: %d; want 400", resp.StatusCode)
+	}
+	if resp := rest("/v1/"+missing.Name, "rest-err-1"); resp.StatusCode != 404 {
+		t.Errorf("missing cluster over REST: %d; want 404", resp.StatusCode)
+	}
 
 	lines := logs.lines(t, "rest-call-1")
 	if len(lines) != 1 || lines[0]["grpc.method"] != "ListClusters" || lines[0]["client"] != "127.0.0.1" || lines[0]["peer.address"] != nil {
 		t.Errorf("log lines of the REST call = %v; want the finished call with client 127.0.0.1 (not the forged 203.0.113.9)", lines)
+	}
+	// A refusal by the gateway itself is logged once, by the gateway; an
+	// error answer of the gRPC server once, by the server, not again by the
+	// gateway that passes it on.
+	lines = logs.lines(t, "gw-refused-1")
+	if len(lines) != 1 || lines[0]["msg"] != "request refused by the REST gateway" || lines[0]["grpc.code"] != "InvalidArgument" ||
+		lines[0]["http.status"] != float64(400) || lines[0]["http.path"] != "/v1/clusters" || lines[0]["client"] != "127.0.0.1" {
+		t.Errorf("log lines of the gateway's refusal = %v; want one line saying the gateway refused it, with status and client", lines)
+	}
+	lines = logs.lines(t, "rest-err-1")
+	if len(lines) != 1 || lines[0]["grpc.method"] != "GetCluster" || lines[0]["grpc.code"] != "NotFound" {
+		t.Errorf("log lines of the REST call the server refused = %v; want only the server's finished call", lines)
 	}
 	lines = logs.lines(t, "err-1")
 	if len(lines) != 1 || lines[0]["grpc.code"] != "NotFound" || !strings.HasPrefix(lines[0]["client"].(string), "127.0.0.1:") {
