@@ -226,7 +226,11 @@ func (s *Server) gatewayError(ctx context.Context, mux *runtime.ServeMux, m runt
 		if host, _, splitErr := net.SplitHostPort(client); splitErr == nil {
 			client = host
 		}
-		s.log.Log(ctx, slog.Level(logging.DefaultServerCodeToLevel(st.Code())), "request refused by the REST gateway",
+		level := slog.Level(logging.DefaultServerCodeToLevel(st.Code()))
+		if st.Code() == codes.Unimplemented {
+			level = slog.LevelInfo // a method the path does not take: the client's mistake
+		}
+		s.log.Log(ctx, level, "request refused by the REST gateway",
 			"request_id", r.Header.Get(RequestIDHeader), "client", client,
 			"http.method", service.Clip(r.Method), "http.path", service.Clip(r.URL.Path), "http.status", status,
 			"grpc.code", st.Code().String(), "error", st.Message())

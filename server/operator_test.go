@@ -298,8 +298,8 @@ func TestRequestIDs(t *testing.T) {
 
 	// REST: the id is answered on API calls and on the gateway's own
 	// refusals; the client's forged X-Forwarded-For does not reach the log.
-	rest := func(path, id string) *http.Response {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.base+path, nil)
+	restMethod := func(method, path, id string) *http.Response {
+		req, err := http.NewRequestWithContext(ctx, method, h.base+path, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -314,6 +314,7 @@ func TestRequestIDs(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp
 	}
+	rest := func(path, id string) *http.Response { return restMethod(http.MethodGet, path, id) }
 	if resp := rest("/v1/clusters", "rest-call-1"); resp.Header.Get("X-Request-Id") != "rest-call-1" || resp.Header.Get("Grpc-Metadata-X-Request-Id") != "" {
 		t.Errorf("REST answer headers %v; want X-Request-Id: rest-call-1 once", resp.Header)
 	}
@@ -322,6 +323,9 @@ func TestRequestIDs(t *testing.T) {
 	}
 	if resp := rest("/v1/clusters?pageSizee=3", "gw-refused-1"); resp.StatusCode != 400 {
 		t.Errorf("unknown query parameter: %d; want 400", resp.StatusCode)
+	}
+	if resp := restMethod(http.MethodPut, "/v1/clusters", "gw-405"); resp.StatusCode != 405 {
+		t.Errorf("wrong method: %d; want 405", resp.StatusCode)
 	}
 	if resp := rest("/v1/"+missing.Name, "rest-err-1"); resp.StatusCode != 404 {
 		t.Errorf("missing cluster over REST: %d; want 404", resp.StatusCode)
@@ -338,6 +342,10 @@ func TestRequestIDs(t *testing.T) {
 	if len(lines) != 1 || lines[0]["msg"] != "request refused by the REST gateway" || lines[0]["grpc.code"] != "InvalidArgument" ||
 		lines[0]["http.status"] != float64(400) || lines[0]["http.path"] != "/v1/clusters" || lines[0]["client"] != "127.0.0.1" {
 		t.Errorf("log lines of the gateway's refusal = %v; want one line saying the gateway refused it, with status and client", lines)
+	}
+	lines = logs.lines(t, "gw-405")
+	if len(lines) != 1 || lines[0]["level"] != "INFO" || lines[0]["http.status"] != float64(405) || lines[0]["http.method"] != "PUT" {
+		t.Errorf("log lines of a wrong method = %v; want one INFO line (the client's mistake, not the server's error)", lines)
 	}
 	lines = logs.lines(t, "rest-err-1")
 	if len(lines) != 1 || lines[0]["grpc.method"] != "GetCluster" || lines[0]["grpc.code"] != "NotFound" {
