@@ -44,7 +44,6 @@ type Store interface {
 	UnheldClusters(ctx context.Context, states []lifecycle.State, after string, limit int) ([]repository.Cluster, error)
 	ChangedUnheldClusters(ctx context.Context, states []lifecycle.State, since time.Time, limit int) ([]repository.Cluster, error)
 	PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error)
-	PurgeSimCalls(ctx context.Context, cutoff time.Time, limit int) (int64, error)
 }
 
 // Recoverer starts the jobs that move clusters back (the service's
@@ -60,6 +59,14 @@ type Recoverer interface {
 // Machines reads the infrastructure for reconciliation.
 type Machines interface {
 	Machines(ctx context.Context, clusterIDs ...string) ([]infra.Machine, error)
+}
+
+// CallLogPurger is infrastructure that keeps a log of the calls made to it
+// (the simulator's fencing log). The scanner purges it with the jobs, after
+// the job retention, so it does not grow without end; infrastructure
+// without such a log does not implement it.
+type CallLogPurger interface {
+	PurgeCallLog(ctx context.Context, cutoff time.Time, limit int) (int64, error)
 }
 
 // Lease says whether this server may act (package lease): the scanner
@@ -100,7 +107,7 @@ type Config struct {
 	// ReconcileInterval (default 10s): reconciliation against the infrastructure.
 	ReconcileInterval time.Duration
 	// JobRetention (default 7 days): finished jobs older than this are
-	// purged, and the simulator's log of infrastructure calls with them.
+	// purged, and the infrastructure's log of calls with them (CallLogPurger).
 	JobRetention time.Duration
 	Clock        func() time.Time
 	Logger       *slog.Logger
@@ -559,7 +566,7 @@ func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms 
 }
 
 // purge deletes finished jobs past the retention period, and the
-// simulator's log of infrastructure calls made before it.
+// infrastructure's log of the calls made before it (CallLogPurger).
 func (s *Scanner) purge(ctx context.Context, r *Report) {
 	cutoff := s.now().Add(-s.cfg.JobRetention)
 	n, err := s.cfg.Store.PurgeJobs(ctx, cutoff, purgeLimit)
@@ -567,8 +574,10 @@ func (s *Scanner) purge(ctx context.Context, r *Report) {
 	if err != nil {
 		r.fail(fmt.Errorf("purge: %w", err))
 	}
-	if _, err := s.cfg.Store.PurgeSimCalls(ctx, cutoff, purgeLimit); err != nil {
-		r.fail(fmt.Errorf("purge: %w", err))
+	if p, ok := s.cfg.Infra.(CallLogPurger); ok {
+		if _, err := p.PurgeCallLog(ctx, cutoff, purgeLimit); err != nil {
+			r.fail(fmt.Errorf("purge the infrastructure's call log: %w", err))
+		}
 	}
 }
 

@@ -108,6 +108,10 @@ type budgetEnv struct {
 	scan     *scanner.Scanner
 	cnt      *counter
 	done     chan repository.Job
+	// What the scanner is built from, for tests that build another.
+	infra   *sim.Simulator
+	self    repository.Server
+	running func() []string
 }
 
 func newBudgetEnv(t *testing.T, b repotest.Backend) *budgetEnv {
@@ -134,6 +138,7 @@ func newBudgetEnv(t *testing.T, b repotest.Backend) *budgetEnv {
 	r := runner.New(runner.Config{Store: e.store, Logger: log, OnDone: func(j repository.Job) { e.done <- j }})
 	t.Cleanup(func() { _ = r.Shutdown(context.Background()) })
 	infra := sim.New(infraStore, sim.Config{})
+	e.infra, e.self, e.running = infra, self, r.Running
 	e.clusters = service.NewClusters(service.ClustersConfig{
 		Store: e.store, Runner: r, Infra: infra, ServerID: "s1", Incarnation: self.Incarnation, Logger: log,
 	})
@@ -309,7 +314,43 @@ func TestScannerPassBudget(t *testing.T) {
 				})
 				t.Logf("scanner pass, %d clusters: %s; infra: %s", n, job, infra)
 				check(t, "scanner pass", job, 7)
-				check(t, "scanner pass (infrastructure)", infra, 1)
+				// The simulator: the machines that changed, and the purge of
+				// its fencing log past the job retention.
+				check(t, "scanner pass (infrastructure)", infra, 2)
+			}
+		})
+	}
+}
+
+// TestScannerPurgesSimulatorLog: a full scanner pass purges the simulator's
+// fencing log after the job retention, and keeps it within it.
+func TestScannerPurgesSimulatorLog(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			e := newBudgetEnv(t, b)
+			c := e.create(t, "c", 1)
+			id := strings.TrimPrefix(c.GetName(), "clusters/")
+			calls := func() int {
+				cs, err := e.store.SimCalls(context.Background(), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return len(cs)
+			}
+			made := calls()
+			if made == 0 {
+				t.Fatal("creating a cluster logged no simulator call")
+			}
+			if r := e.scan.Pass(context.Background()); len(r.Errors) > 0 || calls() != made {
+				t.Fatalf("pass within the retention: %+v, %d of %d calls left; want all kept", r, calls(), made)
+			}
+			expired := scanner.New(scanner.Config{
+				Store: e.store, Recoverer: e.clusters, Infra: e.infra, Self: e.self, Running: e.running,
+				ReconcileInterval: time.Nanosecond, JobRetention: time.Nanosecond, Logger: slog.New(slog.DiscardHandler),
+			})
+			time.Sleep(time.Millisecond)
+			if r := expired.Pass(context.Background()); len(r.Errors) > 0 || calls() != 0 {
+				t.Fatalf("pass past the retention: %+v, %d of %d calls left; want none", r, calls(), made)
 			}
 		})
 	}

@@ -37,6 +37,8 @@ type Store interface {
 	// Fenced runs a step's writes in one transaction, only while the
 	// step's job holds its cluster (repository.ErrFenced otherwise).
 	Fenced(ctx context.Context, f repository.Fence, fn func(tx *repository.Store) error) error
+	// PurgeSimCalls deletes the oldest entries of the fencing log.
+	PurgeSimCalls(ctx context.Context, cutoff time.Time, limit int) (int64, error)
 }
 
 // Config tunes the simulator.
@@ -132,6 +134,17 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// PurgeCallLog deletes up to limit entries of the fencing log (every call,
+// accepted or refused) made before cutoff, oldest first; the scanner calls it
+// with the job retention, so the log lives as long as the jobs it records.
+func (s *Simulator) PurgeCallLog(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
+	n, err := s.store.PurgeSimCalls(ctx, cutoff, limit)
+	if err != nil {
+		return 0, fmt.Errorf("purge the fencing log: %w", err)
+	}
+	return n, nil
 }
 
 // Machines lists the machines of the given clusters, or every machine
