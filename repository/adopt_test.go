@@ -35,8 +35,8 @@ func adoptable(t *testing.T, s *repository.Store, now time.Time) []string {
 func TestAdoptableJobs(t *testing.T) {
 	for _, b := range repotest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
+			now := noon
+			s := openAt(t, b, &now)
 			ctx := ctxT(t)
 			oldSelf, _ := s.RegisterServer(ctx, "me")
 			_, restarted := claimOn(t, s, "a", oldSelf)
@@ -82,8 +82,8 @@ func TestAdoptableJobs(t *testing.T) {
 func TestAdoptJobFencesTheOldOwner(t *testing.T) {
 	for _, b := range repotest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
+			now := noon
+			s := openAt(t, b, &now)
 			ctx := ctxT(t)
 			dead, _ := s.RegisterServer(ctx, "dead")
 			c, j := claimOn(t, s, "a", dead)
@@ -163,8 +163,8 @@ func TestAdoptJobFencesTheOldOwner(t *testing.T) {
 func TestAdoptJobLeavesALiveOwner(t *testing.T) {
 	for _, b := range repotest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
+			now := noon
+			s := openAt(t, b, &now)
 			ctx := ctxT(t)
 			owner, _ := s.RegisterServer(ctx, "owner")
 			c, j := claimOn(t, s, "a", owner)

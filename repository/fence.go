@@ -186,15 +186,11 @@ func (s *Store) PurgeSimCalls(ctx context.Context, cutoff time.Time, limit int) 
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	var res *gorm.DB
-	err = s.retrying(ctx, func() error {
-		res = s.db.WithContext(ctx).Where("id IN ?", ids).Delete(&simCallRow{})
-		return classify(res.Error)
-	})
+	n, err := s.deleteWhere(ctx, &simCallRow{}, "id IN ?", ids)
 	if err != nil {
 		return 0, fmt.Errorf("purge simulator calls: %w", err)
 	}
-	return res.RowsAffected, nil
+	return n, nil
 }
 
 // SimCalls lists the simulator's fencing log in order (all clusters when

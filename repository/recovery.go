@@ -257,13 +257,23 @@ func (s *Store) PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int
 	if len(ids) == 0 {
 		return 0, nil
 	}
+	n, err := s.deleteWhere(ctx, &jobRow{}, "id IN ? AND status <> ?", ids, string(JobInProgress))
+	if err != nil {
+		return 0, fmt.Errorf("purge jobs: %w", err)
+	}
+	return n, nil
+}
+
+// deleteWhere deletes the rows of model that match the condition, retrying
+// the statement through deadlocks, and returns how many it deleted.
+func (s *Store) deleteWhere(ctx context.Context, model any, cond string, args ...any) (int64, error) {
 	var res *gorm.DB
-	err = s.retrying(ctx, func() error {
-		res = s.db.WithContext(ctx).Where("id IN ? AND status <> ?", ids, string(JobInProgress)).Delete(&jobRow{})
+	err := s.retrying(ctx, func() error {
+		res = s.db.WithContext(ctx).Where(cond, args...).Delete(model)
 		return classify(res.Error)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("purge jobs: %w", err)
+		return 0, err
 	}
 	return res.RowsAffected, nil
 }

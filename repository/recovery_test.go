@@ -11,6 +11,16 @@ import (
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
+// noon is when the clocked tests begin.
+var noon = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// openAt opens a store on b whose clock reads *now, so that a test moves
+// time by setting it.
+func openAt(t *testing.T, b repotest.Backend, now *time.Time) *repository.Store {
+	t.Helper()
+	return repotest.Open(t, b, repository.WithClock(func() time.Time { return *now }))
+}
+
 func errJSON(reason string) string { return `{"code":14,"message":"` + reason + `"}` }
 
 // claimOn claims a RUNNING cluster for a scale run by server srv.
@@ -28,9 +38,8 @@ func claimOn(t *testing.T, s *repository.Store, name string, srv repository.Serv
 func TestFailJobsOfDeadServers(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-			clock := func() time.Time { return now }
-			s := repotest.Open(t, b, repository.WithClock(clock))
+			now := noon
+			s := openAt(t, b, &now)
 			ctx := ctxT(t)
 			oldSelf, _ := s.RegisterServer(ctx, "me")
 			_, restartedJob := claimOn(t, s, "a", oldSelf)
@@ -77,8 +86,8 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 func TestOwnJobsAndFailJobUnchanged(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
+			now := noon
+			s := openAt(t, b, &now)
 			ctx := ctxT(t)
 			other, _ := s.RegisterServer(ctx, "other")
 			claimOn(t, s, "theirs", other)
@@ -141,8 +150,8 @@ func TestOrphanCandidatesAndUnheldClusters(t *testing.T) {
 func TestPurgeJobsKeepsHeldAndRecent(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
+			now := noon
+			s := openAt(t, b, &now)
 			ctx := ctxT(t)
 			srv, _ := s.RegisterServer(ctx, "me")
 			old := running(t, s, "old") // its create job ended at "now"
@@ -173,8 +182,8 @@ func TestPurgeJobsKeepsHeldAndRecent(t *testing.T) {
 func TestPurgeSimCallsKeepsRecent(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-			s := repotest.Open(t, b, repository.WithClock(func() time.Time { return now }))
+			now := noon
+			s := openAt(t, b, &now)
 			ctx := ctxT(t)
 			srv, _ := s.RegisterServer(ctx, "me")
 			c, j := claimOn(t, s, "c", srv)
