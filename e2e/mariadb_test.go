@@ -56,7 +56,13 @@ func startPrivateMariaDB(t *testing.T) *privateMariaDB {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	m := &privateMariaDB{t: t, dir: dir, errLog: filepath.Join(dir, "error.log")}
-	args := []string{"--no-defaults", "--datadir=" + filepath.Join(dir, "data"), "--auth-root-authentication-method=normal", "--skip-test-db"}
+	// A temporary directory of its own: the bootstrap's temporary tables in
+	// the shared /tmp were once lost while other servers started beside it.
+	if err := os.Mkdir(m.tmpDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--no-defaults", "--datadir=" + filepath.Join(dir, "data"), "--tmpdir=" + m.tmpDir(),
+		"--auth-root-authentication-method=normal", "--skip-test-db"}
 	if os.Geteuid() == 0 {
 		// mariadbd refuses to run as root: run it as mysql, owning its files.
 		my, err := user.Lookup("mysql")
@@ -65,8 +71,10 @@ func startPrivateMariaDB(t *testing.T) *privateMariaDB {
 		}
 		uid, _ := strconv.Atoi(my.Uid)
 		gid, _ := strconv.Atoi(my.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
+		for _, d := range []string{dir, m.tmpDir()} {
+			if err := os.Chown(d, uid, gid); err != nil {
+				t.Fatal(err)
+			}
 		}
 		m.runAsMy = true
 		args = append(args, "--user=mysql")
@@ -114,11 +122,14 @@ func tail(s string, n int) string {
 }
 
 // start runs mariadbd and waits until it answers.
+// tmpDir is the server's own directory for temporary files.
+func (m *privateMariaDB) tmpDir() string { return filepath.Join(m.dir, "tmp") }
+
 func (m *privateMariaDB) start() {
 	t := m.t
 	t.Helper()
 	args := []string{
-		"--no-defaults", "--datadir=" + filepath.Join(m.dir, "data"), "--port=" + strconv.Itoa(m.port),
+		"--no-defaults", "--datadir=" + filepath.Join(m.dir, "data"), "--tmpdir=" + m.tmpDir(), "--port=" + strconv.Itoa(m.port),
 		"--bind-address=127.0.0.1", "--socket=" + filepath.Join(m.dir, "mysqld.sock"),
 		"--pid-file=" + filepath.Join(m.dir, "mysqld.pid"), "--log-error=" + m.errLog,
 		"--skip-grant-tables", "--skip-name-resolve", "--innodb-buffer-pool-size=64M",

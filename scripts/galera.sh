@@ -45,6 +45,9 @@ ist_port() { echo $((base_port + 10261 + 2 * $1)); }
 sst_port() { echo $((base_port + 10360 + $1)); }
 data() { echo "$dir/node$1"; }
 sock() { echo "$(data "$1")/mysqld.sock"; }
+# tmpd is node N's own directory for temporary files (not the shared /tmp,
+# where a bootstrap's temporary tables were once lost beside other servers).
+tmpd() { echo "$dir/tmp$1"; }
 log() { echo "galera: $*" >&2; }
 
 install() {
@@ -68,7 +71,8 @@ run_node() {
 	shift
 	local d
 	d="$(data "$n")"
-	setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$d" --socket="$(sock "$n")" --port="$(sql_port "$n")" \
+	command install -d -o mysql -g mysql "$(tmpd "$n")"
+	setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$d" --tmpdir="$(tmpd "$n")" --socket="$(sock "$n")" --port="$(sql_port "$n")" \
 		--bind-address=127.0.0.1 --pid-file="$d/mysqld.pid" --log-error="$d/error.log" \
 		--skip-name-resolve --binlog-format=ROW --default-storage-engine=InnoDB \
 		--innodb-autoinc-lock-mode=2 --innodb-buffer-pool-size=64M --innodb-flush-log-at-trx-commit=2 \
@@ -143,8 +147,9 @@ create() {
 	local d1
 	d1="$(data 1)"
 	rm -rf "$d1"
-	install -d -o mysql -g mysql "$d1"
-	mariadb-install-db --no-defaults --user=mysql --datadir="$d1" --auth-root-authentication-method=socket \
+	command install -d -o mysql -g mysql "$d1"
+	command install -d -o mysql -g mysql "$(tmpd 1)"
+	mariadb-install-db --no-defaults --user=mysql --datadir="$d1" --tmpdir="$(tmpd 1)" --auth-root-authentication-method=socket \
 		--skip-test-db >"$dir/install.log" 2>&1 || {
 		cat "$dir/install.log" >&2
 		return 1
