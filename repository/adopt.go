@@ -172,11 +172,7 @@ func (s *Store) HandOffJob(ctx context.Context, h HandOff) (Job, error) {
 		return nil
 	})
 	if errors.Is(err, errMissed) {
-		now, gerr := s.GetJob(ctx, j.ID)
-		if gerr != nil {
-			return Job{}, gerr
-		}
-		return now, jobConflict(now)
+		return s.jobMissed(ctx, j.ID)
 	}
 	if err != nil {
 		return Job{}, fmt.Errorf("hand off job %s: %w", j.ID, err)

@@ -169,11 +169,7 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 		return Job{}, fmt.Errorf("record progress of job %s: %w", jobID, err)
 	}
 	if res.RowsAffected != 1 {
-		// Ended or adopted in between.
-		if job, err = s.GetJob(ctx, jobID); err == nil {
-			err = jobConflict(job)
-		}
-		return job, err
+		return s.jobMissed(ctx, jobID) // ended or adopted in between
 	}
 	job.Step, job.StepsDone, job.StepsTotal, job.UpdateTime = p.Step, p.StepsDone, p.StepsTotal, now
 	return job, nil
@@ -201,6 +197,17 @@ type JobConflictError struct {
 
 func jobConflict(j Job) *JobConflictError {
 	return &JobConflictError{JobID: j.ID, Status: j.Status, Attempt: j.Attempt, ServerID: j.ServerID}
+}
+
+// jobMissed reads the job a conditioned write missed and returns it with
+// why: a *JobConflictError naming its status or its adopter (or the read's
+// error).
+func (s *Store) jobMissed(ctx context.Context, id string) (Job, error) {
+	job, err := s.GetJob(ctx, id)
+	if err != nil {
+		return Job{}, err
+	}
+	return job, jobConflict(job)
 }
 
 // Error names the status the job already has, or who adopted it.
@@ -297,11 +304,7 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 		return nil
 	})
 	if errors.Is(err, errMissed) {
-		job, gerr := s.GetJob(ctx, f.JobID)
-		if gerr != nil {
-			return Job{}, gerr
-		}
-		return job, jobConflict(job)
+		return s.jobMissed(ctx, f.JobID)
 	}
 	if err != nil {
 		return Job{}, fmt.Errorf("finish job %s: %w", f.JobID, err)
