@@ -186,25 +186,14 @@ func (a *app) listCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			all := &clv1.ListClustersResponse{}
-			token := ""
-			for {
-				ctx, cancel := a.call(cmd.Context())
+			clusters, err := listAll(cmd.Context(), a, limit, func(ctx context.Context, token string) ([]*clv1.Cluster, string, error) {
 				resp, err := c.Clusters.ListClusters(ctx, &clv1.ListClustersRequest{Filter: filter, PageSize: 1000, PageToken: token})
-				cancel()
-				if err != nil {
-					return err
-				}
-				all.Clusters = append(all.Clusters, resp.GetClusters()...)
-				token = resp.GetNextPageToken()
-				if token == "" || (limit > 0 && len(all.Clusters) >= limit) {
-					break
-				}
+				return resp.GetClusters(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
-			if limit > 0 && len(all.Clusters) > limit {
-				all.Clusters = all.Clusters[:limit]
-			}
-			return a.printClusters(all)
+			return a.printClusters(&clv1.ListClustersResponse{Clusters: clusters})
 		},
 	}
 	cmd.Flags().StringVar(&filter, "filter", "", "an AIP-160 filter on state, display_name, account, create_time, update_time")
@@ -338,21 +327,14 @@ func (a *app) eventsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			all := &clv1.ListClusterEventsResponse{}
-			token := ""
-			for {
-				ctx, cancel := a.call(cmd.Context())
+			events, err := listAll(cmd.Context(), a, 0, func(ctx context.Context, token string) ([]*clv1.ClusterEvent, string, error) {
 				resp, err := c.Clusters.ListClusterEvents(ctx, &clv1.ListClusterEventsRequest{Parent: name, PageSize: 1000, PageToken: token})
-				cancel()
-				if err != nil {
-					return err
-				}
-				all.Events = append(all.Events, resp.GetEvents()...)
-				if token = resp.GetNextPageToken(); token == "" {
-					break
-				}
+				return resp.GetEvents(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
-			return a.printEvents(all)
+			return a.printEvents(&clv1.ListClusterEventsResponse{Events: events})
 		},
 	}
 }

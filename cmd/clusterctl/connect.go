@@ -115,6 +115,29 @@ func (a *app) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, a.timeout.d)
 }
 
+// listAll reads every page of a list, each call under its own timeout,
+// until the last page or until it holds limit items (0: no limit).
+func listAll[T any](ctx context.Context, a *app, limit int, page func(ctx context.Context, token string) ([]T, string, error)) ([]T, error) {
+	var all []T
+	token := ""
+	for {
+		callCtx, cancel := a.call(ctx)
+		items, next, err := page(callCtx, token)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, items...)
+		if token = next; token == "" || (limit > 0 && len(all) >= limit) {
+			break
+		}
+	}
+	if limit > 0 && len(all) > limit {
+		all = all[:limit]
+	}
+	return all, nil
+}
+
 // dnsLabel is a display name (clusterd's rule for them).
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 

@@ -104,26 +104,15 @@ func (a *app) operationsList() *cobra.Command {
 			if running {
 				terms = append(terms, "done = false")
 			}
-			all := &longrunningpb.ListOperationsResponse{}
-			token := ""
-			for {
-				ctx, cancel := a.call(cmd.Context())
+			ops, err := listAll(cmd.Context(), a, limit, func(ctx context.Context, token string) ([]*longrunningpb.Operation, string, error) {
 				resp, err := c.Operations.ListOperations(ctx, &longrunningpb.ListOperationsRequest{
 					Name: "operations", Filter: joinAnd(terms), PageSize: 1000, PageToken: token})
-				cancel()
-				if err != nil {
-					return err
-				}
-				all.Operations = append(all.Operations, resp.GetOperations()...)
-				token = resp.GetNextPageToken()
-				if token == "" || (limit > 0 && len(all.Operations) >= limit) {
-					break
-				}
+				return resp.GetOperations(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
-			if limit > 0 && len(all.Operations) > limit {
-				all.Operations = all.Operations[:limit]
-			}
-			return a.printOperationList(all)
+			return a.printOperationList(&longrunningpb.ListOperationsResponse{Operations: ops})
 		},
 	}
 	f := cmd.Flags()
