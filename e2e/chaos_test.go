@@ -114,7 +114,7 @@ func chaosSettings(t *testing.T) (chaosConfig, bool) {
 	long := d >= 2*time.Minute
 	cfg := chaosConfig{
 		duration: d, clusters: 20, clients: 16, servers: 3,
-		killEvery: 10 * time.Second, peerTimeout: 3 * time.Second, onOwnerLoss: "resume",
+		killEvery: 10 * time.Second, peerTimeout: 3 * time.Second, reconcileEvery: 2 * time.Second, onOwnerLoss: "resume",
 		flags: []string{"--heartbeat-interval", "300ms", "--peer-timeout", "3s", "--scan-interval", "500ms", "--reconcile-interval", "2s", "--sim-step-delay", "20ms"},
 	}
 	if v := os.Getenv("CLUSTERD_CHAOS_ON_OWNER_LOSS"); v != "" {
@@ -123,7 +123,7 @@ func chaosSettings(t *testing.T) (chaosConfig, bool) {
 	if long {
 		// The binary's liveness defaults (heartbeat 1s, peer timeout 6s,
 		// scan 2s, reconcile 10s).
-		cfg.killEvery, cfg.peerTimeout = 20*time.Second, 6*time.Second
+		cfg.killEvery, cfg.peerTimeout, cfg.reconcileEvery = 20*time.Second, 6*time.Second, 10*time.Second
 		cfg.flags = []string{"--sim-step-delay", "20ms"}
 	}
 	return cfg, long
@@ -154,7 +154,9 @@ type chaosConfig struct {
 	servers     int
 	killEvery   time.Duration
 	peerTimeout time.Duration
-	flags       []string
+	// reconcileEvery is the processes' reconcile interval (as flags set it).
+	reconcileEvery time.Duration
+	flags          []string
 	// onOwnerLoss is every process's --on-owner-loss: resume or fail.
 	onOwnerLoss string
 	// rolling replaces the kills, the SIGSTOP and the MariaDB restart with a
@@ -664,9 +666,27 @@ func (c *chaos) settle() {
 
 // heal brings every ALERT cluster back: a start, and an upgrade to the
 // newest version a node runs when the nodes disagree, so that "machines match
-// the cluster at rest" can be checked on every cluster.
+// the cluster at rest" can be checked on every cluster. Reconciliation may
+// take a cluster to ALERT only after heal looked at it: a machine that an
+// interrupted stop left off, under a cluster that a later scale (allowed
+// from ALERT) took to RUNNING, is seen at its next pass. So heal goes in
+// rounds, each after two reconcile intervals (a pass may have begun just
+// before the last change), until a round finds nothing to heal; the checker
+// reports whatever five rounds leave.
 func (c *chaos) heal() {
+	for round := 1; round <= 5; round++ {
+		time.Sleep(2*c.cfg.reconcileEvery + time.Second)
+		if !c.healRound() {
+			return
+		}
+	}
+}
+
+// healRound sends the heal operations the clusters need now, waits for
+// them and for the clusters to settle, and says whether it sent any.
+func (c *chaos) healRound() bool {
 	t := c.t
+	sent := false
 	cl := clv1.NewClusterLifecycleClient(c.conns[0])
 	ops := longrunningpb.NewOperationsClient(c.conns[0])
 	wait := func(op *longrunningpb.Operation) *longrunningpb.Operation {
@@ -707,9 +727,11 @@ func (c *chaos) heal() {
 				}
 			}
 			c.figures["heal operations"]++
+			sent = true
 		}
 	}
 	c.settle()
+	return sent
 }
 
 func nodeSkew(cl *clv1.Cluster) string {
