@@ -268,7 +268,7 @@ func TestLivenessAndJobEndsDoNotDeadlock(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range 10 {
-					if _, _, err := s.FailJobsOfDeadServers(ctx, live, time.Now().Add(-time.Minute), time.Time{}, errJSON("server restarted"), errJSON("owner server stopped")); err != nil {
+					if _, _, err := s.FailJobsOfDeadServers(ctx, live, time.Now().Add(-time.Minute), nil, errJSON("server restarted"), errJSON("owner server stopped")); err != nil {
 						errs <- fmt.Errorf("liveness: %w", err)
 					}
 				}

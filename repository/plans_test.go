@@ -118,7 +118,12 @@ func TestScanQueryPlans(t *testing.T) {
 				run  func() error
 			}{
 				{"liveness", nil, func() error {
-					_, _, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-time.Hour), time.Time{}, "", "")
+					_, _, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-time.Hour), nil, "", "")
+					return err
+				}},
+				{"liveness after an adoption offer", nil, func() error {
+					offer := &repository.Offer{Before: now, Now: now, MaxAttempts: 3, NotAdopted: []string{"00000000-0000-7000-9000-000000000001"}}
+					_, _, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-time.Hour), offer, "", "")
 					return err
 				}},
 				{"own jobs", nil, func() error { _, err := s.OwnJobsInProgress(ctx, self); return err }},

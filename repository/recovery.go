@@ -25,21 +25,22 @@ const (
 // earlier incarnations fail with the stored error restartedErr, the others
 // with stoppedErr (the caller encodes both). The update is conditioned on
 // IN_PROGRESS, so two live servers never both end a job, and it never looks
-// at a job's age. createdBefore, when set, leaves alone the jobs created
-// after it: a scanner pass that first offered the dead servers' jobs for
-// adoption fails only jobs that existed when it did.
+// at a job's age. With adoption, offer (non-nil) narrows it to the jobs
+// that adoption will not take (see Offer).
 //
 // Each kind is found by a plain read and then failed by primary key, so the
 // write locks only the rows it changes. A range UPDATE over the jobs' status
 // index (what this was) takes next-key locks on every IN_PROGRESS job and
 // the gaps around them, and deadlocked on MySQL with a job finishing, which
 // holds its own row and inserts into one of those gaps as its status changes.
-func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff, createdBefore time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error) {
+func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff time.Time, offer *Offer, restartedErr, stoppedErr string) (restarted, stopped int64, err error) {
 	bound := func(db *gorm.DB) *gorm.DB {
-		if createdBefore.IsZero() {
+		if offer == nil {
 			return db
 		}
-		return db.Where("create_time <= ?", createdBefore.UTC().Truncate(time.Microsecond))
+		return db.Where("create_time <= ?", dbTime(offer.Before)).
+			Where("(id IN ? OR attempt >= ? OR deadline <= ? OR resource_id IS NULL OR resource_id = '')",
+				append([]string{""}, offer.NotAdopted...), offer.MaxAttempts, dbTime(offer.Now))
 	}
 	var earlier []string
 	err = bound(s.rdb.WithContext(ctx).Model(&jobRow{}).
@@ -72,6 +73,24 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff, 
 		return restarted, 0, fmt.Errorf("fail jobs of dead servers: %w", err)
 	}
 	return restarted, stopped, nil
+}
+
+// Offer is what a scanner pass with adoption offered before it fails the
+// jobs of dead servers: only a job that adoption will not take may fail.
+// That is one out of attempts or time or of no cluster (AdoptableJobs does
+// not list it), or one that was offered and could not be adopted
+// (NotAdopted); and in either case created before the offer. A job that may
+// still be adopted is left to the next pass's offer, even when its owner
+// died, or restarted under a new incarnation, after this pass's offer.
+type Offer struct {
+	// Before is when the offer was made (the pass began).
+	Before time.Time
+	// Now and MaxAttempts are the offer's AdoptableQuery's.
+	Now         time.Time
+	MaxAttempts int32
+	// NotAdopted are the offered jobs that cannot be adopted (a kind this
+	// server cannot resume, a job that no longer holds its cluster).
+	NotAdopted []string
 }
 
 // failJobs fails the jobs ids that are still IN_PROGRESS and meet cond, by

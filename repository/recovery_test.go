@@ -57,7 +57,7 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			restarted, stopped, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), time.Time{}, errJSON("server restarted"), errJSON("owner server stopped"))
+			restarted, stopped, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), nil, errJSON("server restarted"), errJSON("owner server stopped"))
 			if err != nil || restarted != 1 || stopped != 1 {
 				t.Fatalf("FailJobsOfDeadServers = %d restarted, %d stopped, %v; want 1, 1", restarted, stopped, err)
 			}
@@ -76,8 +76,59 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 				t.Errorf("dead server's job error = %s", j.Error)
 			}
 			// Running it again changes nothing: the CAS is on IN_PROGRESS.
-			if r, st, _ := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), time.Time{}, errJSON("server restarted"), errJSON("owner server stopped")); r+st != 0 {
+			if r, st, _ := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), nil, errJSON("server restarted"), errJSON("owner server stopped")); r+st != 0 {
 				t.Errorf("second pass failed %d more jobs", r+st)
+			}
+		})
+	}
+}
+
+// With adoption, a pass fails only the jobs of dead servers that adoption
+// will not take: out of attempts or time, or offered and not adopted; a job
+// that may still be adopted is left for the next offer, whether its owner
+// died or restarted after this pass made its offer, or it was created since.
+func TestFailJobsOfDeadServersAfterAnOffer(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			now := noon
+			s := openAt(t, b, &now)
+			ctx := ctxT(t)
+			self, _ := s.RegisterServer(ctx, "me")
+			dead, _ := s.RegisterServer(ctx, "dead")
+			_, adoptable := claimOn(t, s, "a", dead)
+			_, notAdopted := claimOn(t, s, "b", dead)
+			began := now.Add(time.Second)
+			now = began.Add(time.Second)
+			_, later := claimOn(t, s, "c", dead) // created after the offer
+			now = now.Add(10 * time.Second)
+			if _, err := s.Heartbeat(ctx, self); err != nil {
+				t.Fatal(err)
+			}
+			cutoff := now.Add(-6 * time.Second)
+			status := func(j repository.Job) repository.JobStatus {
+				got, err := s.GetJob(ctx, j.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got.Status
+			}
+			offer := &repository.Offer{Before: began, Now: now, MaxAttempts: 3, NotAdopted: []string{notAdopted.ID}}
+			if _, stopped, err := s.FailJobsOfDeadServers(ctx, self, cutoff, offer, "", errJSON("owner server stopped")); err != nil || stopped != 1 {
+				t.Fatalf("failed %d, %v; want only the job offered and not adopted", stopped, err)
+			}
+			if status(notAdopted) != repository.JobFailed || status(adoptable) != repository.JobInProgress || status(later) != repository.JobInProgress {
+				t.Errorf("after the offer: %s %s %s; want FAILED, and the adoptable and the later job IN_PROGRESS",
+					status(notAdopted), status(adoptable), status(later))
+			}
+			// Out of time (its deadline passed) or out of attempts, a job
+			// is no longer adoptable, and fails; the later one still waits.
+			offer = &repository.Offer{Before: began, Now: time.Now().Add(2 * time.Hour), MaxAttempts: 3}
+			if _, stopped, err := s.FailJobsOfDeadServers(ctx, self, cutoff, offer, "", errJSON("owner server stopped")); err != nil || stopped != 1 || status(adoptable) != repository.JobFailed {
+				t.Errorf("past the deadline: failed %d, %v, job %s; want it failed", stopped, err, status(adoptable))
+			}
+			offer = &repository.Offer{Before: now, Now: now, MaxAttempts: 1}
+			if _, stopped, err := s.FailJobsOfDeadServers(ctx, self, cutoff, offer, "", errJSON("owner server stopped")); err != nil || stopped != 1 || status(later) != repository.JobFailed {
+				t.Errorf("out of attempts: failed %d, %v, job %s; want it failed", stopped, err, status(later))
 			}
 		})
 	}

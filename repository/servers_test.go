@@ -54,7 +54,7 @@ func TestTakeOverServer(t *testing.T) {
 		}
 		// Its peers count it dead at once.
 		_, j := claimOn(t, s, "left", second)
-		if _, stopped, err := s.FailJobsOfDeadServers(ctx, repository.Server{ID: "peer", Incarnation: "p"}, time.Now().Add(-time.Hour), time.Time{}, errJSON("server restarted"), errJSON("owner server stopped")); err != nil || stopped != 1 {
+		if _, stopped, err := s.FailJobsOfDeadServers(ctx, repository.Server{ID: "peer", Incarnation: "p"}, time.Now().Add(-time.Hour), nil, errJSON("server restarted"), errJSON("owner server stopped")); err != nil || stopped != 1 {
 			t.Errorf("jobs of a stopped server failed: %d, %v; want 1", stopped, err)
 		}
 		if got, _ := s.GetJob(ctx, j.ID); got.Status != repository.JobFailed {

@@ -31,20 +31,19 @@ type cannotResume interface{ CannotResume() bool }
 
 // adopt offers every adoptable job (SPEC §5 step 4: IN_PROGRESS, of a dead
 // server, an earlier incarnation, or handed off, with attempts and time
-// left) to the Adopter. It reports whether the jobs of dead servers may now
-// be failed: not when an adoption met an error other than a lost race or a
-// job it cannot resume, nor when more jobs wait than a pass adopts, since
-// failing would then take a job that adoption has not been offered yet.
-// Which jobs are adoptable is decided by the same cutoff the failing uses,
-// so no job that may still be adopted is failed in a pass that did not
-// offer it first; those out of attempts or time are failed without offer.
-func (s *Scanner) adopt(ctx context.Context, r *Report, cutoff time.Time) bool {
+// left) to the Adopter. It returns the offer, which tells the failing that
+// follows which jobs adoption will not take (repository.Offer), or nil when
+// no job of a dead server may be failed in this pass: when an adoption met
+// an error other than a lost race or a job it cannot resume, or when more
+// jobs wait than a pass adopts.
+func (s *Scanner) adopt(ctx context.Context, r *Report, cutoff, began time.Time) *repository.Offer {
+	offer := &repository.Offer{Before: began, Now: s.now(), MaxAttempts: s.cfg.MaxAttempts}
 	jobs, err := s.cfg.Store.AdoptableJobs(ctx, repository.AdoptableQuery{
-		Cutoff: cutoff, Now: s.now(), MaxAttempts: s.cfg.MaxAttempts, Limit: adoptLimit,
+		Cutoff: cutoff, Now: offer.Now, MaxAttempts: offer.MaxAttempts, Limit: adoptLimit,
 	})
 	if err != nil {
 		r.fail(fmt.Errorf("adoption: %w", err))
-		return false
+		return nil
 	}
 	mayFail := len(jobs) < adoptLimit
 	for _, j := range jobs {
@@ -63,12 +62,16 @@ func (s *Scanner) adopt(ctx context.Context, r *Report, cutoff time.Time) bool {
 			// Failed below, as without adoption (a job that no longer holds
 			// its cluster has nothing to run on).
 			s.log.Warn("operation cannot be adopted; it fails as its owner is gone", "job", j.ID, "kind", j.Kind, "error", err)
+			offer.NotAdopted = append(offer.NotAdopted, j.ID)
 		default:
 			mayFail = false
 			r.fail(fmt.Errorf("adopt job %s: %w", j.ID, err))
 		}
 	}
-	return mayFail
+	if !mayFail {
+		return nil
+	}
+	return offer
 }
 
 // ownerLoss says, for the history, why a job is adopted.

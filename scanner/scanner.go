@@ -36,7 +36,7 @@ import (
 // Store is the part of the repository the scanner reads and writes.
 type Store interface {
 	AdoptableJobs(ctx context.Context, q repository.AdoptableQuery) ([]repository.Job, error)
-	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff, createdBefore time.Time, restartedErr, stoppedErr string) (restarted, stopped int64, err error)
+	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, offer *repository.Offer, restartedErr, stoppedErr string) (restarted, stopped int64, err error)
 	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.Job, error)
 	FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error
 	Orphans(ctx context.Context, limit int) ([]repository.Cluster, map[string]repository.Job, error)
@@ -242,17 +242,17 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 func (s *Scanner) liveness(ctx context.Context, r *Report) {
 	began := s.now()
 	cutoff := began.Add(-s.cfg.PeerTimeout)
-	// With adoption, only the jobs that existed when they were offered for
-	// adoption may fail in this pass: one created since is offered next.
-	var createdBefore time.Time
+	// With adoption, only the jobs that adoption will not take may fail in
+	// this pass: a job that may still be adopted (created since the offer,
+	// or whose owner died or restarted since) is offered next.
+	var offer *repository.Offer
 	if s.cfg.Adopter != nil {
-		createdBefore = began
-		if !s.adopt(ctx, r, cutoff) {
+		if offer = s.adopt(ctx, r, cutoff, began); offer == nil {
 			s.lostJobs(ctx, r)
 			return
 		}
 	}
-	restarted, stopped, err := s.cfg.Store.FailJobsOfDeadServers(ctx, s.cfg.Self, cutoff, createdBefore,
+	restarted, stopped, err := s.cfg.Store.FailJobsOfDeadServers(ctx, s.cfg.Self, cutoff, offer,
 		s.encode(runner.ErrServerRestarted), s.encode(runner.ErrOwnerStopped))
 	r.JobsFailed += int(restarted + stopped)
 	if err != nil {
