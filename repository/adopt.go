@@ -160,16 +160,8 @@ func (s *Store) HandOffJob(ctx context.Context, h HandOff) (Job, error) {
 		}); err != nil {
 			return err
 		}
-		res := tx.Model(&jobRow{}).
-			Where("id = ? AND status = ? AND attempt = ?", j.ID, string(JobInProgress), j.Attempt).
-			Updates(map[string]any{"handed_off": true, "update_time": s.stamp()})
-		if res.Error != nil {
-			return fmt.Errorf("update job: %w", classify(res.Error))
-		}
-		if res.RowsAffected != 1 {
-			return errMissed
-		}
-		return nil
+		return updateInProgress(tx.Model(&jobRow{}).Where("attempt = ?", j.Attempt), j.ID,
+			map[string]any{"handed_off": true, "update_time": s.stamp()})
 	})
 	if errors.Is(err, errMissed) {
 		return s.jobMissed(ctx, j.ID)

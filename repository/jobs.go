@@ -199,6 +199,19 @@ func jobConflict(j Job) *JobConflictError {
 	return &JobConflictError{JobID: j.ID, Status: j.Status, Attempt: j.Attempt, ServerID: j.ServerID}
 }
 
+// updateInProgress writes set to job id while it is IN_PROGRESS (and meets
+// db's conditions, such as the writer's attempt); errMissed when it is not.
+func updateInProgress(db *gorm.DB, id string, set map[string]any) error {
+	res := db.Where("id = ? AND status = ?", id, string(JobInProgress)).Updates(set)
+	if res.Error != nil {
+		return fmt.Errorf("update job: %w", classify(res.Error))
+	}
+	if res.RowsAffected != 1 {
+		return errMissed
+	}
+	return nil
+}
+
 // jobMissed reads the job a conditioned write missed and returns it with
 // why: a *JobConflictError naming its status or its adopter (or the read's
 // error).
@@ -294,14 +307,7 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 		if p := f.Progress; p != nil {
 			set["step"], set["steps_done"], set["steps_total"] = p.Step, p.StepsDone, p.StepsTotal
 		}
-		res := atAttempt(tx.Model(&jobRow{}), f.Attempt).Where("id = ? AND status = ?", f.JobID, string(JobInProgress)).Updates(set)
-		if res.Error != nil {
-			return fmt.Errorf("update job: %w", classify(res.Error))
-		}
-		if res.RowsAffected != 1 {
-			return errMissed
-		}
-		return nil
+		return updateInProgress(atAttempt(tx.Model(&jobRow{}), f.Attempt), f.JobID, set)
 	})
 	if errors.Is(err, errMissed) {
 		return s.jobMissed(ctx, f.JobID)
