@@ -16,7 +16,8 @@ import (
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
-// Every test runs on the real servers table, on every backend.
+// Every test runs on the real servers table, on every backend, but the one
+// that needs a slow heartbeat (slowStore).
 func forEachBackend(t *testing.T, fn func(t *testing.T, s *repository.Store)) {
 	t.Helper()
 	for _, b := range repotest.Backends(t) {
@@ -216,4 +217,90 @@ func TestReleaseLetsTheNextProcessStartAtOnce(t *testing.T) {
 			t.Errorf("Acquire after a graceful stop took %s; want it at once", took)
 		}
 	})
+}
+
+// slowStore is a servers table whose writes take slow by the test's clock:
+// the database accepts each at some moment between its send and its return.
+// It is a fake because what it tests is when the lease counts from, not a
+// compare-and-set.
+type slowStore struct {
+	mu    sync.Mutex
+	now   time.Time
+	slow  time.Duration
+	beats int
+	// afterBeat runs as a heartbeat returns.
+	afterBeat func()
+}
+
+func (s *slowStore) clock() time.Time { s.mu.Lock(); defer s.mu.Unlock(); return s.now }
+
+func (s *slowStore) advance(d time.Duration) { s.mu.Lock(); defer s.mu.Unlock(); s.now = s.now.Add(d) }
+
+func (s *slowStore) GetServer(context.Context, string) (repository.Server, error) {
+	return repository.Server{}, repository.ErrNotFound
+}
+
+func (s *slowStore) TakeOverServer(_ context.Context, id string, _ *repository.Server, host string, pid int) (repository.Server, error) {
+	s.advance(s.slow)
+	return repository.Server{ID: id, Incarnation: "inc-1", Host: host, PID: int64(pid), HeartbeatTime: s.clock()}, nil
+}
+
+func (s *slowStore) Heartbeat(_ context.Context, srv repository.Server) (repository.Server, error) {
+	s.advance(s.slow)
+	s.mu.Lock()
+	s.beats++
+	s.mu.Unlock()
+	if s.afterBeat != nil {
+		s.afterBeat()
+	}
+	srv.HeartbeatTime = s.clock()
+	return srv, nil
+}
+
+func (s *slowStore) ReleaseServer(context.Context, repository.Server) error { return nil }
+
+// The lease is counted from when a heartbeat (or the registration) was
+// sent, not from when the database's answer came back: the database may
+// have written it at any moment in between, and peers count the server dead
+// a peer timeout after what was written. Counted from the answer, a slow
+// heartbeat would let this server act after its peers have begun failing its
+// jobs.
+func TestLeaseCountsFromTheHeartbeatsSend(t *testing.T) {
+	const peerTimeout, slow = 6 * time.Second, 4 * time.Second
+	s := &slowStore{now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), slow: slow}
+	// A heartbeat interval of an hour: Run beats once, at once.
+	l := lease.New(lease.Config{Store: s, ServerID: "srv", HeartbeatInterval: time.Hour, PeerTimeout: peerTimeout,
+		Clock: s.clock, Logger: quiet()})
+
+	sent := s.clock()
+	if _, err := l.Acquire(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Check(); err != nil {
+		t.Fatalf("Check as the registration returns, %s after its send: %v; want the lease held", slow, err)
+	}
+	s.advance(sent.Add(peerTimeout).Sub(s.clock()))
+	if err := l.Check(); !errors.Is(err, lease.ErrLost) {
+		t.Errorf("Check a peer timeout after the registration was sent (%s after it returned) = %v; want ErrLost",
+			peerTimeout-slow, err)
+	}
+
+	// One heartbeat, sent now (the lease has lapsed): Run returns once it
+	// has taken the answer in.
+	sent = s.clock()
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	s.afterBeat = cancel
+	l.Run(ctx)
+	if s.beats != 1 {
+		t.Fatalf("Run sent %d heartbeats; want 1", s.beats)
+	}
+	if err := l.Check(); err != nil {
+		t.Fatalf("Check as the heartbeat returns, %s after its send: %v; want the lease held again", slow, err)
+	}
+	s.advance(sent.Add(peerTimeout).Sub(s.clock()))
+	if err := l.Check(); !errors.Is(err, lease.ErrLost) || !strings.Contains(err.Error(), "peer timeout") {
+		t.Errorf("Check a peer timeout after the heartbeat was sent (%s after it returned) = %v; want ErrLost naming the peer timeout",
+			peerTimeout-slow, err)
+	}
 }

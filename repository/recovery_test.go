@@ -279,3 +279,69 @@ func TestPurgeSimCallsKeepsRecent(t *testing.T) {
 		})
 	}
 }
+
+// Orphans returns the clusters recovery must take over and no other: those
+// that name an operation whose job has ended (whatever its end), and those
+// left in an operation state by no operation. A cluster held by a job that
+// is IN_PROGRESS is its job's, running or not: liveness fails the jobs of
+// dead servers first, so this query never hands a running operation's
+// cluster to recovery.
+func TestOrphans(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		srv, _ := s.RegisterServer(ctx, "me")
+		ended := map[repository.JobStatus]repository.Job{}
+		want := map[string]string{} // cluster -> the job it names, "" for none
+		for _, st := range []repository.JobStatus{repository.JobSucceeded, repository.JobFailed, repository.JobCancelled} {
+			c, j := claimOn(t, s, "ended-"+string(st), srv)
+			// The job ends without letting go of its cluster (its server
+			// died between the two writes, or could not make the second).
+			if _, err := s.FinishJob(ctx, repository.Finish{JobID: j.ID, Status: st, Error: errJSON("ended " + string(st))}); err != nil {
+				t.Fatal(err)
+			}
+			ended[st], want[c.ID] = j, j.ID
+		}
+		held, j := claimOn(t, s, "released-mid-operation", srv)
+		if _, err := s.FinishJob(ctx, repository.Finish{JobID: j.ID, Status: repository.JobFailed,
+			Release: &repository.Transition{ClusterID: held.ID, Expect: held.Expect()}}); err != nil {
+			t.Fatal(err)
+		}
+		want[held.ID] = ""
+		busy := map[string]string{}
+		live, liveJob := claimOn(t, s, "scaling", srv)
+		creating, createJob := create(t, s, "creating")
+		busy[live.ID], busy[creating.ID] = liveJob.ID, createJob.ID
+		idle := running(t, s, "idle")
+
+		got, jobs, err := s.Orphans(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]string{}
+		for _, c := range got {
+			seen[c.ID] = c.CurrentOperation
+			if op, ok := busy[c.ID]; ok {
+				t.Errorf("Orphans returned %s (%s), held by job %s, which is IN_PROGRESS; want it left to its job", c.ID, c.State, op)
+			}
+			if c.ID == idle.ID {
+				t.Errorf("Orphans returned the resting, unheld cluster %s (%s)", c.ID, c.State)
+			}
+		}
+		for id, op := range want {
+			if got, ok := seen[id]; !ok || got != op {
+				t.Errorf("Orphans: cluster %s naming %q %v; want it returned naming %q", id, got, ok, op)
+			}
+		}
+		if len(got) != len(want) {
+			t.Errorf("Orphans returned %d clusters; want %d", len(got), len(want))
+		}
+		for st, j := range ended {
+			if g := jobs[j.ID]; g.Status != st || g.Kind != "scale" || g.Error != errJSON("ended "+string(st)) {
+				t.Errorf("Orphans' job %s = %+v; want kind scale, %s, with its error", j.ID, g, st)
+			}
+		}
+		if len(jobs) != len(ended) {
+			t.Errorf("Orphans returned %d jobs; want the %d ended ones the orphans name", len(jobs), len(ended))
+		}
+	})
+}

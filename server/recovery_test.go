@@ -1,13 +1,17 @@
 package server
 
 import (
+	"context"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
+	"github.com/clusterd/clusterd/scanner"
 )
 
 // busyScanner makes the scanner pass often, so recovery shows within a test.
@@ -133,5 +137,71 @@ func TestRecovery_FailedDestroyIsRetried(t *testing.T) {
 		if err != nil || len(machines.GetMachines()) != 0 {
 			t.Errorf("machines of the destroyed cluster = %v, %v; want none", machines.GetMachines(), err)
 		}
+	})
+}
+
+// candidatesThenJobs is a store that hands orphan recovery every cluster it
+// might have to look at, held or not, with the job each names, running or
+// not (the two-query read: the candidates, then their jobs): whether a job
+// is alive is then the scanner's own judgment, not the query's filter.
+type candidatesThenJobs struct{ *repository.Store }
+
+func (s candidatesThenJobs) Orphans(ctx context.Context, limit int) ([]repository.Cluster, map[string]repository.Job, error) {
+	cs, err := s.OrphanCandidates(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	cs = cs[:min(limit, len(cs))]
+	var ops []string
+	for _, c := range cs {
+		if c.CurrentOperation != "" {
+			ops = append(ops, c.CurrentOperation)
+		}
+	}
+	jobs, err := s.JobsByID(ctx, ops)
+	return cs, jobs, err
+}
+
+// TestRecovery_LeavesARunningOperation: orphan recovery takes over a
+// cluster whose job has ended, never one whose job still runs, even when
+// the store hands it over (the scanner skips a job that is IN_PROGRESS
+// itself, rather than trusting its query to leave it out): the operation
+// keeps its cluster and ends as if no pass had run.
+func TestRecovery_LeavesARunningOperation(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		r := newRig(t, b)
+		name := r.create("alive", 1).GetName()
+		// The orphan beside it: CREATED, held by the failed create job of a
+		// server that died before releasing it.
+		orphan, j, err := r.seed.CreateCluster(r.ctx, repository.NewCluster{Account: "acme", DisplayName: "orphan",
+			Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
+			repository.NewJob{Kind: "create", ServerID: "ghost", ServerIncarnation: "gone", Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.seed.FinishJob(r.ctx, repository.Finish{JobID: j.ID, Status: repository.JobFailed}); err != nil {
+			t.Fatal(err)
+		}
+
+		f := r.hold(infra.StepProvisionMachine, name)
+		op := r.accepted(r.scaleTo(name, 2))
+		r.heldBy(f)
+		before := r.freeze(name)
+		pass := scanner.New(scanner.Config{
+			Store: candidatesThenJobs{r.srv.store}, Recoverer: r.srv.clusters, Infra: r.srv.sim, Self: r.srv.self,
+			PeerTimeout: time.Hour, Logger: slog.New(slog.DiscardHandler),
+		}).Pass(r.ctx)
+		if len(pass.Errors) > 0 {
+			t.Errorf("a pass met errors %v; want none", pass.Errors)
+		}
+		r.unchanged(before, "a scanner pass while its operation runs")
+		r.let(f)
+		r.succeeded(op)
+		if c := r.cluster(name); c.GetState() != clv1.Cluster_RUNNING || c.GetWorkerNodeCount() != 2 {
+			t.Errorf("after the scale: %s with %d workers; want RUNNING with 2", c.GetState(), c.GetWorkerNodeCount())
+		}
+		// The orphan beside it was recovered (by this pass, or by the
+		// server's own first pass if that ran late).
+		r.waitState(t, "clusters/"+orphan.ID, clv1.Cluster_ERROR)
 	})
 }

@@ -1399,6 +1399,100 @@ func TestRequestID_Idempotent(t *testing.T) {
 	})
 }
 
+// TestRequestID_BoundToParameters: a request_id names one request, so on
+// every verb that acts on an existing cluster, the same id sent with the
+// same verb to the same cluster but other parameters is refused
+// (INVALID_ARGUMENT on request_id, naming the first operation) and changes
+// nothing, both while the first operation runs and after it has ended;
+// sent with the same parameters, it is answered with the first operation.
+func TestRequestID_BoundToParameters(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		r := newRig(t, b)
+		name := r.create("bound", 2).GetName()
+		var workers []string
+		for _, n := range r.cluster(name).GetNodes() {
+			if n.GetRole() == clv1.Node_WORKER {
+				workers = append(workers, n.GetName())
+			}
+		}
+		if len(workers) != 2 {
+			t.Fatalf("%s has workers %v; want 2", name, workers)
+		}
+		m1, m2 := r.freeMachine().GetName(), r.freeMachine().GetName()
+		cs := r.clients.clusters
+		for _, tc := range []struct {
+			verb  string
+			step  string // held, so that the first operation is still running
+			send  func(id string) (*longrunningpb.Operation, error)
+			other func(id string) (*longrunningpb.Operation, error)
+		}{
+			{"scale", infra.StepProvisionMachine,
+				func(id string) (*longrunningpb.Operation, error) {
+					return cs.ScaleCluster(r.ctx, &clv1.ScaleClusterRequest{Name: name, WorkerNodeCount: proto.Int32(3), RequestId: id})
+				},
+				func(id string) (*longrunningpb.Operation, error) {
+					return cs.ScaleCluster(r.ctx, &clv1.ScaleClusterRequest{Name: name, WorkerNodeCount: proto.Int32(4), RequestId: id})
+				}},
+			{"upgrade", infra.StepUpgradeNode,
+				func(id string) (*longrunningpb.Operation, error) {
+					return cs.UpgradeCluster(r.ctx, &clv1.UpgradeClusterRequest{Name: name, KubernetesVersion: "1.30.5", RequestId: id})
+				},
+				func(id string) (*longrunningpb.Operation, error) {
+					return cs.UpgradeCluster(r.ctx, &clv1.UpgradeClusterRequest{Name: name, KubernetesVersion: "1.31.1", RequestId: id})
+				}},
+			{"add nodes", infra.StepValidateNode,
+				func(id string) (*longrunningpb.Operation, error) {
+					return cs.AddNodes(r.ctx, &clv1.AddNodesRequest{Name: name, Machines: []string{m1}, RequestId: id})
+				},
+				func(id string) (*longrunningpb.Operation, error) {
+					return cs.AddNodes(r.ctx, &clv1.AddNodesRequest{Name: name, Machines: []string{m2}, RequestId: id})
+				}},
+			{"remove nodes", infra.StepDeleteNode,
+				func(id string) (*longrunningpb.Operation, error) {
+					return cs.RemoveNodes(r.ctx, &clv1.RemoveNodesRequest{Name: name, Nodes: []string{workers[0]}, RequestId: id})
+				},
+				func(id string) (*longrunningpb.Operation, error) {
+					return cs.RemoveNodes(r.ctx, &clv1.RemoveNodesRequest{Name: name, Nodes: []string{workers[1]}, RequestId: id})
+				}},
+		} {
+			id := uuid.NewString()
+			refused := func(when string, first *longrunningpb.Operation) {
+				t.Helper()
+				before := r.freeze(name)
+				op, err := tc.other(id)
+				if err == nil {
+					t.Errorf("%s with other parameters reusing the request_id of %s %s was answered with %s; want INVALID_ARGUMENT on request_id",
+						tc.verb, first.GetName(), when, op.GetName())
+					return
+				}
+				if f := r.refused(err); f.code != codes.InvalidArgument || f.reason != "INVALID_ARGUMENT" || f.field != "request_id" || f.meta["operation"] != first.GetName() {
+					t.Errorf("%s with other parameters reusing the request_id of %s %s: %v (field %q, operation %q); want INVALID_ARGUMENT on request_id naming it",
+						tc.verb, first.GetName(), when, f, f.field, f.meta["operation"])
+				}
+				r.unchanged(before, fmt.Sprintf("a refused %s reusing a request_id %s", tc.verb, when))
+			}
+			f := r.hold(tc.step, name)
+			first := r.accepted(tc.send(id))
+			r.heldBy(f)
+			if again := r.accepted(tc.send(id)); again.GetName() != first.GetName() {
+				t.Errorf("%s sent again with its request_id while it runs: %s; want %s", tc.verb, again.GetName(), first.GetName())
+			}
+			refused("while it runs", first)
+			r.let(f)
+			r.succeeded(first)
+			// The cluster is free again and would take the other request.
+			refused("once it has ended", first)
+			if again := r.accepted(tc.send(id)); again.GetName() != first.GetName() || !again.GetDone() {
+				t.Errorf("%s sent again with its request_id once it has ended: %s (done %v); want %s, done",
+					tc.verb, again.GetName(), again.GetDone(), first.GetName())
+			}
+			if got := len(r.jobsOfKind(name, opMetadata(t, first).GetVerb())); got != 1 {
+				t.Errorf("%d %s jobs; want 1 for one request_id", got, tc.verb)
+			}
+		}
+	})
+}
+
 // --- SPEC §4 cancel ---
 
 func TestCancel_StopsAtNextStep(t *testing.T) {
