@@ -1099,11 +1099,13 @@ func (c *chaos) checkAdoptions(ctx context.Context) {
 			}
 			for _, e := range page {
 				after = e.ID
-				owner, ok := strings.CutPrefix(e.Message, "owner server ")
-				if e.Name != repository.OperationAdopted || !ok {
+				// "<kind> adopted by server A from server B (owner server B
+				// stopped (no heartbeat for the peer timeout ...)): ..."
+				_, owner, ok := strings.Cut(e.Message, " from server ")
+				if e.Name != repository.OperationAdopted || !ok || !strings.Contains(e.Message, "(owner server ") {
 					continue
 				}
-				owner, _, _ = strings.Cut(owner, " stopped")
+				owner, _, _ = strings.Cut(owner, " (")
 				c.figures["operations adopted by a peer (owner judged dead)"]++
 				if c.wasDisturbed(owner, e.Time, slack) {
 					continue
