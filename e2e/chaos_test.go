@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/lease"
 	"github.com/clusterd/clusterd/repository"
 )
 
@@ -121,9 +122,9 @@ func chaosSettings(t *testing.T) (chaosConfig, bool) {
 		cfg.onOwnerLoss = v
 	}
 	if long {
-		// The binary's liveness defaults (heartbeat 1s, peer timeout 6s,
-		// scan 2s, reconcile 10s).
-		cfg.killEvery, cfg.peerTimeout, cfg.reconcileEvery = 20*time.Second, 6*time.Second, 10*time.Second
+		// The binary's liveness defaults (lease.DefaultHeartbeatInterval,
+		// lease.DefaultPeerTimeout, scanner.DefaultScanInterval, reconcile 10s).
+		cfg.killEvery, cfg.peerTimeout, cfg.reconcileEvery = 20*time.Second, lease.DefaultPeerTimeout, 10*time.Second
 		cfg.flags = []string{"--sim-step-delay", "20ms"}
 	}
 	return cfg, long
@@ -188,8 +189,16 @@ type chaos struct {
 	retries    atomic.Int64 // requests sent again (same request_id) after UNAVAILABLE
 
 	kills, stops, dbRestarts, restarts int
-	dbDown                             []time.Duration
-	recoveries                         []recoveryTime
+	// downKills counts the kills whose process stayed down past the peer
+	// timeout, so that its peers adopted its operations.
+	downKills int
+	// disturbed is when the chaos struck each server id (by slot): a
+	// SIGKILL until its process served again, a SIGSTOP until its
+	// SIGCONT, a SIGTERM until it served again. Peers may judge a server
+	// dead only around these.
+	disturbed  map[string][]window
+	dbDown     []time.Duration
+	recoveries []recoveryTime
 
 	violations []string
 	notes      []string
@@ -197,6 +206,17 @@ type chaos struct {
 	// failures counts the messages of operations that failed other than
 	// by a kill or a stop (the database restart, a lost lease, fencing).
 	failures map[string]int
+}
+
+// window is a span of time during which a server was disturbed.
+type window struct{ from, to time.Time }
+
+// disturb records that the chaos struck slot s's server from from to to.
+func (c *chaos) disturb(s *slot, from, to time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id := c.serverID(s)
+	c.disturbed[id] = append(c.disturbed[id], window{from, to})
 }
 
 // slot is one of the three processes: its fixed addresses (so a restarted
@@ -221,7 +241,8 @@ type recoveryTime struct {
 }
 
 func newChaos(t *testing.T, cfg chaosConfig) *chaos {
-	c := &chaos{t: t, cfg: cfg, accepted: map[string]string{}, refused: map[string]int{}, figures: map[string]int{}, failures: map[string]int{}}
+	c := &chaos{t: t, cfg: cfg, accepted: map[string]string{}, refused: map[string]int{}, figures: map[string]int{}, failures: map[string]int{},
+		disturbed: map[string][]window{}}
 	if cfg.galera {
 		c.db = newChaosGalera(t)
 	} else {
@@ -443,8 +464,12 @@ func (c *chaos) monkey(ctx context.Context, rng *rand.Rand) {
 		case ctx.Err() != nil:
 			return
 		case !stopAt.IsZero() && now.After(stopAt):
+			live := c.live()
+			if len(live) == 0 {
+				break
+			}
 			stopAt = time.Time{}
-			s := c.slots[rng.IntN(len(c.slots))]
+			s := live[rng.IntN(len(live))]
 			bg.Add(1)
 			go func() {
 				defer bg.Done()
@@ -460,20 +485,45 @@ func (c *chaos) monkey(ctx context.Context, rng *rand.Rand) {
 			c.t.Logf("chaos: %s (down %s)", what, down.Round(time.Millisecond))
 		case now.After(nextKill):
 			nextKill = now.Add(c.cfg.killEvery/2 + time.Duration(rng.Int64N(int64(c.cfg.killEvery))))
-			var live []*slot
-			for _, s := range c.slots {
-				s.mu.Lock()
-				if !s.stopped {
-					live = append(live, s)
-				}
-				s.mu.Unlock()
+			live := c.live()
+			if len(live) < 2 {
+				// Leave a peer alive to adopt.
+				break
 			}
-			if len(live) > 0 {
-				c.kill(live[rng.IntN(len(live))])
+			s := live[rng.IntN(len(live))]
+			c.mu.Lock()
+			down := c.kills%2 == 1
+			c.mu.Unlock()
+			if !down {
+				c.kill(s, 0)
+				break
 			}
+			// Every other kill, the process stays down past the peer
+			// timeout: its peers adopt its operations.
+			bg.Add(1)
+			s.mu.Lock()
+			s.stopped = true
+			s.mu.Unlock()
+			go func() {
+				defer bg.Done()
+				c.kill(s, c.cfg.peerTimeout+2*time.Second)
+			}()
 		}
 		c.pause(ctx, 50*time.Millisecond)
 	}
+}
+
+// live lists the slots whose process runs (not stopped, not down).
+func (c *chaos) live() []*slot {
+	var live []*slot
+	for _, s := range c.slots {
+		s.mu.Lock()
+		if !s.stopped {
+			live = append(live, s)
+		}
+		s.mu.Unlock()
+	}
+	return live
 }
 
 // rollingRestart stops the processes gracefully and starts them again, one
@@ -515,6 +565,7 @@ func (c *chaos) restart(s *slot) {
 	}
 	c.t.Logf("chaos: SIGTERM slot %d (%d jobs running): exited after %s", s.i, len(held), time.Since(began).Round(time.Millisecond))
 	c.launch(s)
+	c.disturb(s, began, time.Now())
 	c.mu.Lock()
 	c.restarts++
 	c.mu.Unlock()
@@ -557,25 +608,39 @@ func (c *chaos) serverID(s *slot) string {
 	return host + ":" + port
 }
 
-// kill SIGKILLs slot s's process and starts it again at once, on the same
-// port (so the same server id); it measures how long the clusters its jobs
-// held take to be released.
-func (c *chaos) kill(s *slot) {
+// kill SIGKILLs slot s's process and starts it again after down (at once
+// when 0), on the same port (so the same server id); it measures how long
+// the clusters its jobs held take to be released: by the restarted process,
+// or, when down is past the peer timeout, by its peers.
+func (c *chaos) kill(s *slot, down time.Duration) {
 	s.mu.Lock()
 	srv := s.cur
 	s.mu.Unlock()
-	srv.kill9()
 	killed := time.Now()
+	srv.kill9()
 	held := c.inProgress(c.serverID(s))
-	c.launch(s)
-	c.mu.Lock()
-	c.kills++
-	c.mu.Unlock()
+	what := fmt.Sprintf("kill of slot %d", s.i)
+	if down > 0 {
+		what = fmt.Sprintf("kill of slot %d, down %s (adopted by its peers)", s.i, down)
+		c.t.Logf("chaos: SIGKILL slot %d (%d jobs running), down for %s", s.i, len(held), down)
+	}
 	c.measures.Add(1)
 	go func() {
 		defer c.measures.Done()
-		c.measure(fmt.Sprintf("kill of slot %d", s.i), killed, held)
+		c.measure(what, killed, held)
 	}()
+	time.Sleep(down)
+	c.launch(s)
+	c.disturb(s, killed, time.Now())
+	s.mu.Lock()
+	s.stopped = false
+	s.mu.Unlock()
+	c.mu.Lock()
+	c.kills++
+	if down > 0 {
+		c.downKills++
+	}
+	c.mu.Unlock()
 }
 
 // sigstop freezes slot s's process for d (longer than the peer timeout), then
@@ -586,8 +651,8 @@ func (c *chaos) sigstop(s *slot, d time.Duration) {
 	srv := s.cur
 	s.stopped = true
 	s.mu.Unlock()
-	_ = srv.cmd.Process.Signal(syscall.SIGSTOP)
 	stopped := time.Now()
+	_ = srv.cmd.Process.Signal(syscall.SIGSTOP)
 	held := c.inProgress(c.serverID(s))
 	c.t.Logf("chaos: SIGSTOP slot %d (%d jobs running) for %s", s.i, len(held), d)
 	c.measures.Add(1)
@@ -597,6 +662,7 @@ func (c *chaos) sigstop(s *slot, d time.Duration) {
 	}()
 	time.Sleep(d)
 	_ = srv.cmd.Process.Signal(syscall.SIGCONT)
+	c.disturb(s, stopped, time.Now())
 	s.mu.Lock()
 	s.stopped = false
 	s.mu.Unlock()
@@ -809,6 +875,7 @@ func (c *chaos) check() {
 		}
 	}
 	c.figures["operations (jobs, recoveries included)"] = len(jobs)
+	c.checkAdoptions(ctx)
 	for op := range c.accepted {
 		if _, ok := jobs[strings.TrimPrefix(op, "operations/")]; !ok {
 			c.violate("accepted operation %s has no job", op)
@@ -1012,6 +1079,60 @@ func keys(m map[string]bool) []string {
 	return out
 }
 
+// checkAdoptions reads every adoption by a peer that judged the owner dead
+// (no heartbeat for the peer timeout) and requires the owner to have been
+// disturbed by the chaos then: killed, stopped or restarted, up to a peer
+// timeout and two scans before (a pass may have read the heartbeat just
+// before the process came back). On one MariaDB its restart is no excuse:
+// every server's heartbeat stalls alike, and a peer must not take that for
+// a death. On Galera the servers of the node killed and rejoined may be
+// judged dead rightly, so such adoptions are counted, not violations.
+func (c *chaos) checkAdoptions(ctx context.Context) {
+	slack := c.cfg.peerTimeout + 2*time.Second
+	for _, name := range c.names {
+		id := strings.TrimPrefix(name, "clusters/")
+		var after int64
+		for {
+			page, err := c.repo.ListEvents(ctx, id, after, 1000)
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			for _, e := range page {
+				after = e.ID
+				// "<kind> adopted by server A from server B (owner server B
+				// stopped (no heartbeat for the peer timeout ...)): ..."
+				_, owner, ok := strings.Cut(e.Message, " from server ")
+				if e.Name != repository.OperationAdopted || !ok || !strings.Contains(e.Message, "(owner server ") {
+					continue
+				}
+				owner, _, _ = strings.Cut(owner, " (")
+				c.figures["operations adopted by a peer (owner judged dead)"]++
+				if c.wasDisturbed(owner, e.Time, slack) {
+					continue
+				}
+				c.figures["operations adopted from a server neither killed nor stopped"]++
+				if !c.cfg.galera {
+					c.violate("operation %s of %s adopted at %s from server %s, which was neither killed nor stopped then",
+						e.Operation, id, e.Time.Format(time.RFC3339Nano), owner)
+				}
+			}
+			if len(page) < 1000 {
+				break
+			}
+		}
+	}
+}
+
+// wasDisturbed says whether the chaos struck server id within slack before at.
+func (c *chaos) wasDisturbed(id string, at time.Time, slack time.Duration) bool {
+	for _, w := range c.disturbed[id] {
+		if !at.Before(w.from) && !at.After(w.to.Add(slack)) {
+			return true
+		}
+	}
+	return false
+}
+
 // report prints the figures and fails the test on any violation.
 func (c *chaos) report() {
 	t := c.t
@@ -1029,7 +1150,8 @@ func (c *chaos) report() {
 	if c.cfg.rolling {
 		fmt.Fprintf(&b, "  chaos: %d rolling restarts (SIGTERM, exit, start again)\n", c.restarts)
 	} else {
-		fmt.Fprintf(&b, "  chaos: %d SIGKILL+restart, %d SIGSTOP (> peer timeout %s), %d %s (down %v)\n", c.kills, c.stops, c.cfg.peerTimeout, c.dbRestarts, fault, roundAll(c.dbDown))
+		fmt.Fprintf(&b, "  chaos: %d SIGKILL+restart (%d of them left down past the peer timeout %s), %d SIGSTOP (> peer timeout), %d %s (down %v)\n",
+			c.kills, c.downKills, c.cfg.peerTimeout, c.stops, c.dbRestarts, fault, roundAll(c.dbDown))
 	}
 	var names []string
 	for k := range c.figures {
@@ -1051,6 +1173,17 @@ func (c *chaos) report() {
 	if len(ds) > 0 {
 		slices.Sort(ds)
 		fmt.Fprintf(&b, "  time to move again: median %s, max %s over %d events\n", ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), len(ds))
+	}
+	var byPeers []time.Duration
+	for _, r := range c.recoveries {
+		if strings.Contains(r.what, "by its peers") {
+			byPeers = append(byPeers, r.took)
+		}
+	}
+	if len(byPeers) > 0 {
+		slices.Sort(byPeers)
+		fmt.Fprintf(&b, "  time to move again on a peer (kill with the process left down, SIGSTOP): median %s, max %s over %d events\n",
+			byPeers[len(byPeers)/2].Round(time.Millisecond), byPeers[len(byPeers)-1].Round(time.Millisecond), len(byPeers))
 	}
 	for msg, n := range c.failures {
 		fmt.Fprintf(&b, "  failed %dx: %s\n", n, msg)

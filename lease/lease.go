@@ -36,6 +36,18 @@ import (
 	"github.com/clusterd/clusterd/repository"
 )
 
+// The liveness defaults: a heartbeat every 500 ms, a server dead when its
+// last heartbeat is 2.5 s old. With the scanner's default pass every second
+// (scanner.DefaultScanInterval), a killed server's operations are adopted
+// by a peer at most PeerTimeout + ScanInterval (3.5 s) after its last
+// heartbeat; fencing makes a false suspicion cost an adoption, never a
+// double step. The timeout is five heartbeats, so a slow heartbeat or two
+// on a busy machine does not lose the lease.
+const (
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+	DefaultPeerTimeout       = 2500 * time.Millisecond
+)
+
 // Store is the part of the repository the lease needs: the servers table.
 type Store interface {
 	GetServer(ctx context.Context, id string) (repository.Server, error)
@@ -49,8 +61,9 @@ type Config struct {
 	Store Store
 	// ServerID is the id this process acts for among its peers.
 	ServerID string
-	// HeartbeatInterval (default 1s) and PeerTimeout (default 6s) are the
-	// cluster's liveness settings; every peer must use the same.
+	// HeartbeatInterval and PeerTimeout (DefaultHeartbeatInterval and
+	// DefaultPeerTimeout when zero) are the cluster's liveness settings;
+	// every peer must use the same.
 	HeartbeatInterval time.Duration
 	PeerTimeout       time.Duration
 	// Host and PID identify this process (default: os.Hostname, os.Getpid).
@@ -93,6 +106,9 @@ type Lease struct {
 	// (unix nanos, by this lease's clock, read before sending: the lease
 	// lapses no later than peers, who go by the time written, see it lapse).
 	lastBeat atomic.Int64
+	// heldSince is when the heartbeat that began the current unbroken run
+	// of accepted heartbeats was sent (unix nanos; see HeldSince).
+	heldSince atomic.Int64
 	// lost is why the lease is gone for good (superseded, stopped); nil while not.
 	lost atomic.Pointer[error]
 }
@@ -100,10 +116,10 @@ type Lease struct {
 // New returns a lease for cfg.ServerID; Acquire takes it.
 func New(cfg Config) *Lease {
 	if cfg.HeartbeatInterval <= 0 {
-		cfg.HeartbeatInterval = time.Second
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if cfg.PeerTimeout <= 0 {
-		cfg.PeerTimeout = 6 * time.Second
+		cfg.PeerTimeout = DefaultPeerTimeout
 	}
 	if cfg.Host == "" {
 		cfg.Host, _ = os.Hostname()
@@ -166,6 +182,7 @@ func (l *Lease) Acquire(ctx context.Context) (repository.Server, error) {
 		}
 		l.self.Store(&srv)
 		l.lastBeat.Store(sent.UnixNano())
+		l.heldSince.Store(sent.UnixNano())
 		l.lost.Store(nil)
 		return srv, nil
 	}
@@ -235,6 +252,16 @@ func (l *Lease) Check() error {
 	return nil
 }
 
+// HeldSince is when this server's current unbroken run of heartbeats began:
+// since then the database accepted one every heartbeat interval or so
+// (none missed), from its acquisition or from its first heartbeat after a
+// missed one. The scanner judges a peer dead only for a peer timeout spent
+// within such a run: after a database outage every peer's heartbeat is old
+// because none could be written, not because the peer is gone.
+func (l *Lease) HeldSince() time.Time {
+	return time.Unix(0, l.heldSince.Load())
+}
+
 // Run heartbeats at once and then every heartbeat interval until ctx is
 // done or the lease is lost for good.
 func (l *Lease) Run(ctx context.Context) {
@@ -262,6 +289,11 @@ func (l *Lease) beat(ctx context.Context) {
 	switch {
 	case err == nil:
 		before := l.Check()
+		if gap := sent.UnixNano() - l.lastBeat.Load(); gap >= int64(2*l.cfg.HeartbeatInterval) {
+			// A heartbeat was missed: the database may have been out of
+			// reach for everyone, peers included.
+			l.heldSince.Store(sent.UnixNano())
+		}
 		l.lastBeat.Store(sent.UnixNano())
 		if before != nil {
 			l.log.Info("heartbeat accepted again: lease held", "server_id", self.ID)

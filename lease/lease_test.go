@@ -304,3 +304,86 @@ func TestLeaseCountsFromTheHeartbeatsSend(t *testing.T) {
 			peerTimeout-slow, err)
 	}
 }
+
+// steppedStore is the servers table with heartbeats the test answers one at
+// a time: each Heartbeat call is handed to the test, which replies with the
+// error it returns.
+type steppedStore struct {
+	*repository.Store
+	calls chan chan error
+}
+
+func (s steppedStore) Heartbeat(ctx context.Context, srv repository.Server) (repository.Server, error) {
+	reply := make(chan error)
+	s.calls <- reply
+	return srv, <-reply
+}
+
+// HeldSince is when the current unbroken run of accepted heartbeats began:
+// the acquisition, until a heartbeat is missed; then the next accepted one.
+// The scanner judges peers only for a peer timeout within such a run, so
+// that after a database outage (when it missed heartbeats, and every peer
+// did too) no live peer is taken for dead.
+func TestHeldSinceRestartsAfterAMissedHeartbeat(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		var mu sync.Mutex
+		t0 := time.Now()
+		now := t0
+		clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+		set := func(d time.Duration) { mu.Lock(); now = t0.Add(d); mu.Unlock() }
+		store := steppedStore{Store: s, calls: make(chan chan error)}
+		l := newLease(s, func(c *lease.Config) { c.Store, c.Clock, c.PeerTimeout = store, clock, time.Hour })
+		if _, err := l.Acquire(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		if got := l.HeldSince(); !got.Equal(t0) {
+			t.Fatalf("HeldSince after Acquire = %s; want the acquisition, %s", got, t0)
+		}
+		next := func() chan error {
+			t.Helper()
+			select {
+			case reply := <-store.calls:
+				return reply
+			case <-time.After(time.Minute):
+				t.Fatal("no heartbeat within a minute")
+				return nil
+			}
+		}
+		set(100 * time.Millisecond)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); l.Run(ctx) }()
+		defer func() {
+			cancel()
+			for {
+				select {
+				case reply := <-store.calls:
+					reply <- context.Canceled
+				case <-done:
+					return
+				}
+			}
+		}()
+
+		// Sent at 100ms, one interval after the acquisition: the run goes on.
+		reply := next()
+		set(10 * time.Second)
+		reply <- nil
+		// Sent at 10s and refused: a missed heartbeat.
+		reply = next()
+		if got := l.HeldSince(); !got.Equal(t0) {
+			t.Errorf("HeldSince after a heartbeat one interval on = %s; want still %s", got, t0)
+		}
+		set(10*time.Second + 100*time.Millisecond)
+		reply <- errors.New("database unreachable")
+		// Sent at 10.1s and accepted: a new run begins.
+		reply = next()
+		set(10*time.Second + 200*time.Millisecond)
+		reply <- nil
+		reply = next()
+		if got, want := l.HeldSince(), t0.Add(10*time.Second+100*time.Millisecond); !got.Equal(want) {
+			t.Errorf("HeldSince after a missed heartbeat and an accepted one = %s; want the accepted one's send, %s", got.Sub(t0), want.Sub(t0))
+		}
+		reply <- nil
+	})
+}

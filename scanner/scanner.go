@@ -28,6 +28,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/lease"
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/runner"
@@ -74,6 +75,10 @@ type CallLogPurger interface {
 // stale and its peers may be recovering its own clusters.
 type Lease interface {
 	Check() error
+	// HeldSince is when the server's current unbroken run of heartbeats
+	// began (lease.Lease.HeldSince): peers are judged dead by their
+	// heartbeats only for a peer timeout within it.
+	HeldSince() time.Time
 }
 
 // Config is what a Scanner needs. Zero durations take the defaults.
@@ -100,9 +105,10 @@ type Config struct {
 	// MaxAttempts (default 3): a job that has run this many times is failed,
 	// not adopted again.
 	MaxAttempts int32
-	// PeerTimeout (default 6s): a server whose heartbeat is older is dead.
+	// PeerTimeout (default lease.DefaultPeerTimeout): a server whose
+	// heartbeat is older is dead.
 	PeerTimeout time.Duration
-	// ScanInterval (default 2s): liveness and orphan recovery.
+	// ScanInterval (default DefaultScanInterval): liveness and orphan recovery.
 	ScanInterval time.Duration
 	// ReconcileInterval (default 10s): reconciliation against the infrastructure.
 	ReconcileInterval time.Duration
@@ -112,6 +118,11 @@ type Config struct {
 	Clock        func() time.Time
 	Logger       *slog.Logger
 }
+
+// DefaultScanInterval is how often liveness and orphan recovery run unless
+// configured: with lease.DefaultPeerTimeout, a dead server's operations move
+// again at most 3.5 s after its last heartbeat.
+const DefaultScanInterval = time.Second
 
 // Limits per pass, so a pass stays bounded whatever the backlog.
 const (
@@ -161,8 +172,8 @@ func New(cfg Config) *Scanner {
 			*d = v
 		}
 	}
-	def(&cfg.PeerTimeout, 6*time.Second)
-	def(&cfg.ScanInterval, 2*time.Second)
+	def(&cfg.PeerTimeout, lease.DefaultPeerTimeout)
+	def(&cfg.ScanInterval, DefaultScanInterval)
 	def(&cfg.ReconcileInterval, 10*time.Second)
 	def(&cfg.JobRetention, 7*24*time.Hour)
 	if cfg.MaxAttempts <= 0 {
@@ -241,7 +252,7 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 // others (out of attempts or time, or of no cluster) fail.
 func (s *Scanner) liveness(ctx context.Context, r *Report) {
 	began := s.now()
-	cutoff := began.Add(-s.cfg.PeerTimeout)
+	cutoff := s.cutoff(began)
 	// With adoption, only the jobs that adoption will not take may fail in
 	// this pass: a job that may still be adopted (created since the offer,
 	// or whose owner died or restarted since) is offered next.
@@ -262,6 +273,25 @@ func (s *Scanner) liveness(ctx context.Context, r *Report) {
 		s.log.Info("failed the jobs of stopped servers", "server_restarted", restarted, "owner_stopped", stopped)
 	}
 	s.lostJobs(ctx, r)
+}
+
+// cutoff is the liveness cutoff of a pass that began at began: a server
+// whose last heartbeat is older is dead. A peer is dead when it wrote no
+// heartbeat for a peer timeout during which this server's own heartbeats
+// were accepted (Lease.HeldSince). Until this server has held its lease
+// that long (after its start, or after a heartbeat it missed, as in a
+// database outage, when every peer's heartbeat is old too), only servers
+// that stopped gracefully are dead; earlier incarnations of this server
+// and handed-off jobs do not depend on the cutoff.
+func (s *Scanner) cutoff(began time.Time) time.Time {
+	cutoff := began.Add(-s.cfg.PeerTimeout)
+	if s.cfg.Lease != nil && s.cfg.Lease.HeldSince().After(cutoff) {
+		// Stopped servers' heartbeat is repository.Stopped; a second later
+		// is still long before any live heartbeat, and survives the
+		// database's time precision.
+		return repository.Stopped.Add(time.Second)
+	}
+	return cutoff
 }
 
 // lostJobs fails this server's own IN_PROGRESS jobs that its runner no

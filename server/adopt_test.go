@@ -336,3 +336,46 @@ func TestUnresumableJobIsFailed(t *testing.T) {
 		}
 	})
 }
+
+// A server judges a peer dead only after its own heartbeats have run
+// unbroken for a peer timeout (lease.HeldSince): at its start, as after a
+// database outage in which it missed heartbeats, a peer's heartbeat may be
+// old only because nobody could write one. Here the peer's heartbeat is
+// already a minute old when the server starts: its create is adopted, but
+// not before the server has held its lease for the peer timeout.
+func TestPeerJudgedDeadOnlyAfterAPeerTimeoutOfItsOwnHeartbeats(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		dsn := b.NewDSN(t)
+		past := time.Now().Add(-time.Minute)
+		then, err := repository.Open(tctx(t), dsn, repository.WithClock(func() time.Time { return past }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer then.Close()
+		peer, err := then.TakeOverServer(tctx(t), "peer", nil, "elsewhere", 4242)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec := repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}
+		params, _ := json.Marshal(spec)
+		c, j, err := then.CreateCluster(tctx(t), repository.NewCluster{Account: "acme", DisplayName: "peer-create", Spec: spec},
+			repository.NewJob{Kind: "create", ServerID: peer.ID, ServerIncarnation: peer.Incarnation, Params: string(params), Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		const peerTimeout = time.Second
+		h := startOn(t, dsn, func(c *Config) {
+			c.PeerTimeout, c.HeartbeatInterval, c.ScanInterval = peerTimeout, 100*time.Millisecond, 50*time.Millisecond
+		})
+		r := &rig{harness: h, t: t, ctx: tctx(t)}
+		r.succeeded(&longrunningpb.Operation{Name: "operations/" + j.ID})
+		adopted := entry(t, r.history("clusters/"+c.ID), j.ID, repository.OperationAdopted)
+		// The lease was acquired at the server row's start; its run of
+		// heartbeats can only have begun then or later.
+		earliest := h.srv.self.StartTime.Add(peerTimeout - time.Millisecond)
+		if adopted.Time.Before(earliest) {
+			t.Errorf("adopted %s after the server's start; want no sooner than the peer timeout %s", adopted.Time.Sub(h.srv.self.StartTime), peerTimeout)
+		}
+	})
+}

@@ -413,10 +413,10 @@ func (c *Config) defaults() error {
 		c.DatabaseWait = 60 * time.Second
 	}
 	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = time.Second
+		c.HeartbeatInterval = lease.DefaultHeartbeatInterval
 	}
 	if c.PeerTimeout <= 0 {
-		c.PeerTimeout = 6 * time.Second
+		c.PeerTimeout = lease.DefaultPeerTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/clusterd/clusterd/lease"
+	"github.com/clusterd/clusterd/scanner"
 	"github.com/clusterd/clusterd/server"
 	"github.com/clusterd/clusterd/service"
 	"github.com/clusterd/clusterd/version"
@@ -96,9 +98,9 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 		return err
 	})
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 0, "how long graceful shutdown may take (default 15s)")
-	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", time.Second, "how often this server tells its peers it is alive")
-	fs.DurationVar(&cfg.PeerTimeout, "peer-timeout", 6*time.Second, "a server whose heartbeat is older than this is dead; its jobs are failed and its clusters recovered")
-	fs.DurationVar(&cfg.ScanInterval, "scan-interval", 2*time.Second, "how often liveness and orphan recovery run")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", lease.DefaultHeartbeatInterval, "how often this server tells its peers it is alive")
+	fs.DurationVar(&cfg.PeerTimeout, "peer-timeout", lease.DefaultPeerTimeout, "a server whose heartbeat is older than this is dead: with --on-owner-loss=resume a live server adopts its operations and runs them on, with fail they are failed and their clusters recovered")
+	fs.DurationVar(&cfg.ScanInterval, "scan-interval", scanner.DefaultScanInterval, "how often liveness and orphan recovery run")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often resting clusters are reconciled against the infrastructure")
 	fs.DurationVar(&cfg.JobRetention, "job-retention", 7*24*time.Hour, "finished operations, and the simulator's log of infrastructure calls, are purged after this")
 	fs.StringVar(&cfg.OnOwnerLoss, "on-owner-loss", server.OnOwnerLossResume, "what becomes of a running operation whose server stops or dies: resume (handed off on a graceful stop, adopted by a live server and run on from its last step) or fail (failed, its cluster recovered)")
