@@ -19,7 +19,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/clusterd/clusterd/version.version=$(VERSION) -X github.com/clusterd/clusterd/version.commit=$(COMMIT)
 
-.PHONY: all tools generate check-generated lint build run test fuzz chaos chaos-galera mariadb chromium bench clean clients
+.PHONY: all tools generate check-generated lint build run test fuzz chaos chaos-galera mariadb chromium openapi-validator bench clean clients
 
 all: lint build test
 
@@ -81,11 +81,17 @@ mariadb:
 chromium:
 	@bash scripts/chromium.sh || echo "make test: chromium could not be installed; the web view's browser test will be skipped (or fail under CI)" >&2
 
+## openapi-validator: install @apidevtools/swagger-parser (npm ci in
+## tools/openapi-validator; nodejs and npm from Debian if missing), which
+## server's TestOpenAPIValidator runs on /openapi.json.
+openapi-validator:
+	@bash scripts/openapi-validator.sh || echo "make test: the OpenAPI validator could not be installed; TestOpenAPIValidator will be skipped (or fail under CI)" >&2
+
 ## test: every test with the race detector, on SQLite and on MariaDB (the
 ## web view in headless Chromium, clusterctl in a pseudo-terminal among
 ## them), then a short run of every fuzz target, then the example clients
 ## against bin/clusterd.
-test: mariadb chromium
+test: mariadb chromium openapi-validator
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/test.sh $(GO_PACKAGES)
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
