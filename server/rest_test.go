@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/gen/openapiv2"
 
 	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/lifecycle"
@@ -194,8 +195,10 @@ func TestOpenAPIAuthAndErrors(t *testing.T) {
 		t.Fatalf("securityDefinitions = %+v; want one bearer scheme in the Authorization header", sw.SecurityDefinitions)
 	}
 	bearer := schemes[0]
-	if _, ok := sw.Definitions["rpcStatus"]; !ok {
-		t.Fatal("no definition of google.rpc.Status (rpcStatus)")
+	for _, def := range []string{"rpcStatus", "rpcErrorInfo", "rpcBadRequest", "BadRequestFieldViolation"} {
+		if _, ok := sw.Definitions[def]; !ok {
+			t.Errorf("no definition %s: a generated client has no type for the errors' details", def)
+		}
 	}
 
 	ops := 0
@@ -243,7 +246,8 @@ func TestOpenAPIAuthAndErrors(t *testing.T) {
 // TestRESTErrorBody checks the JSON of a REST error with a BadRequest: the
 // google.rpc.Status's code, message and details, the ErrorInfo with its
 // (empty) metadata, and field violations that leave out what is unset
-// instead of writing it as null ("localizedMessage": null).
+// instead of writing it as null ("localizedMessage": null); every field the
+// details hold is a property of their /openapi.json definitions.
 func TestRESTErrorBody(t *testing.T) {
 	h := start(t, repotest.Backends(t)[0])
 	req, err := http.NewRequestWithContext(tctx(t), http.MethodPost, h.base+"/v1/clusters",
@@ -275,6 +279,24 @@ func TestRESTErrorBody(t *testing.T) {
 	if err := json.Unmarshal(raw, &body); err != nil || len(top) != 3 || body.Code != int(codes.InvalidArgument) || body.Message == "" {
 		t.Fatalf("the error body = %s (%v); want exactly code 3, a message and details", raw, err)
 	}
+	var doc struct {
+		Definitions map[string]struct {
+			Properties map[string]json.RawMessage `json:"properties"`
+		} `json:"definitions"`
+	}
+	if err := json.Unmarshal(openapiv2.JSON, &doc); err != nil {
+		t.Fatal(err)
+	}
+	// documented fails the test unless /openapi.json's definition def has
+	// every field the server wrote in obj (but @type, the Any's).
+	documented := func(def string, obj map[string]json.RawMessage) {
+		props := doc.Definitions[def].Properties
+		for k := range obj {
+			if _, ok := props[k]; !ok && k != "@type" {
+				t.Errorf("the error body has %q in a %s; /openapi.json's %s has no such property", k, def, def)
+			}
+		}
+	}
 	var sawInfo, sawViolation bool
 	for _, d := range body.Details {
 		var detail map[string]json.RawMessage
@@ -283,6 +305,7 @@ func TestRESTErrorBody(t *testing.T) {
 		}
 		switch string(detail["@type"]) {
 		case `"type.googleapis.com/google.rpc.ErrorInfo"`:
+			documented("rpcErrorInfo", detail)
 			sawInfo = string(detail["reason"]) == `"INVALID_ARGUMENT"` && string(detail["domain"]) == `"clusterd.dev"` && string(detail["metadata"]) == "{}"
 		case `"type.googleapis.com/google.rpc.BadRequest"`:
 			var br struct {
@@ -291,7 +314,9 @@ func TestRESTErrorBody(t *testing.T) {
 			if err := json.Unmarshal(d, &br); err != nil || len(br.FieldViolations) != 1 {
 				t.Fatalf("BadRequest %s: %v; want one field violation", d, err)
 			}
+			documented("rpcBadRequest", detail)
 			v := br.FieldViolations[0]
+			documented("BadRequestFieldViolation", v)
 			_, hasLocalized := v["localizedMessage"]
 			sawViolation = string(v["field"]) == `"cluster.display_name"` && len(v["description"]) > 2 && !hasLocalized
 		}
