@@ -242,7 +242,23 @@ func (s *Server) gatewayError(ctx context.Context, mux *runtime.ServeMux, m runt
 	if st.Code() == codes.Unauthenticated {
 		w = challenge{w}
 	}
-	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+	runtime.DefaultHTTPErrorHandler(ctx, mux, errorJSON(m), w, r, err)
+}
+
+// errorJSON is the marshaler of an error body: the Status's code, message
+// and details as the gateway's own marshaler writes them (empty strings,
+// lists and maps included), except that a detail's unset message fields are
+// left out rather than written as null: a BadRequest field violation has no
+// "localizedMessage": null. A marshaler other than the gateway's JSON one is
+// kept as it is.
+func errorJSON(m runtime.Marshaler) runtime.Marshaler {
+	j, ok := m.(*strictJSON)
+	if !ok {
+		return m
+	}
+	opts := j.MarshalOptions
+	opts.EmitUnpopulated, opts.EmitDefaultValues = false, true
+	return &runtime.JSONPb{MarshalOptions: opts, UnmarshalOptions: j.UnmarshalOptions}
 }
 
 // reachedServer says whether a REST call reached the gRPC server (which

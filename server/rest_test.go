@@ -7,17 +7,22 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-openapi/loads"
+	"github.com/go-openapi/spec"
 	"github.com/go-openapi/strfmt"
 	"github.com/go-openapi/validate"
 	"google.golang.org/grpc/codes"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/gen/openapiv2"
 
 	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/lifecycle"
@@ -109,6 +114,215 @@ func TestOpenAPIDocument(t *testing.T) {
 	}
 	if _, ok := sw.Definitions["v1Cluster"]; !ok {
 		t.Error("no definition of Cluster, which a done operation's response holds")
+	}
+}
+
+// TestOpenAPIValidator validates /openapi.json with @apidevtools/swagger-parser
+// (tools/openapi-validator), the validator client generators such as
+// swagger-typescript-api rely on, beside go-openapi's in TestOpenAPIDocument.
+// Without node or the validator's node_modules the test is skipped, or fails
+// under CI (make test installs it: make openapi-validator).
+func TestOpenAPIValidator(t *testing.T) {
+	script, err := filepath.Abs(filepath.Join("..", "tools", "openapi-validator", "validate.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := exec.LookPath("node")
+	if err == nil {
+		_, err = os.Stat(filepath.Join(filepath.Dir(script), "node_modules", "@apidevtools", "swagger-parser"))
+	}
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("the OpenAPI validator is not installed (make openapi-validator installs it): %v", err)
+		}
+		t.Skipf("the OpenAPI validator is not installed: /openapi.json is not checked with swagger-parser (make openapi-validator installs it): %v", err)
+	}
+	h := start(t, repotest.Backends(t)[0])
+	resp, err := http.Get(h.base + "/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /openapi.json = %d, %v", resp.StatusCode, err)
+	}
+	doc := filepath.Join(t.TempDir(), "openapi.json")
+	if err := os.WriteFile(doc, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(tctx(t), node, script, doc).CombinedOutput()
+	if err != nil {
+		t.Fatalf("swagger-parser refuses /openapi.json: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(string(out), "valid: clusterd API v1") {
+		t.Errorf("swagger-parser said %q; want it to report the document valid", out)
+	}
+}
+
+// documentedErrors are the HTTP statuses every /v1 route of /openapi.json
+// declares, each a google.rpc.Status: what clusterd answers with (see the
+// status mapping in service.Status and the gateway's own refusals).
+var documentedErrors = []int{400, 401, 403, 404, 409, 413, 500, 503}
+
+// TestOpenAPIAuthAndErrors checks that /openapi.json tells a generated
+// client how to authenticate and what errors look like: a bearer scheme in
+// the Authorization header required on every /v1 operation, and every
+// documented error status answered with the google.rpc.Status schema.
+func TestOpenAPIAuthAndErrors(t *testing.T) {
+	h := start(t, repotest.Backends(t)[0])
+	resp, err := http.Get(h.base + "/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /openapi.json = %d, %v", resp.StatusCode, err)
+	}
+	doc, err := loads.Analyzed(json.RawMessage(raw), "2.0")
+	if err != nil {
+		t.Fatalf("/openapi.json does not load as OpenAPI 2.0: %v", err)
+	}
+	sw := doc.Spec()
+	var schemes []string
+	for name, scheme := range sw.SecurityDefinitions {
+		if scheme.Type == "apiKey" && scheme.In == "header" && scheme.Name == "Authorization" && strings.Contains(scheme.Description, "Bearer") {
+			schemes = append(schemes, name)
+		}
+	}
+	if len(schemes) != 1 {
+		t.Fatalf("securityDefinitions = %+v; want one bearer scheme in the Authorization header", sw.SecurityDefinitions)
+	}
+	bearer := schemes[0]
+	for _, def := range []string{"rpcStatus", "rpcErrorInfo", "rpcBadRequest", "BadRequestFieldViolation"} {
+		if _, ok := sw.Definitions[def]; !ok {
+			t.Errorf("no definition %s: a generated client has no type for the errors' details", def)
+		}
+	}
+
+	ops := 0
+	for path, item := range sw.Paths.Paths {
+		for method, op := range map[string]*spec.Operation{
+			"GET": item.Get, "POST": item.Post, "PUT": item.Put, "PATCH": item.Patch, "DELETE": item.Delete,
+		} {
+			if op == nil {
+				continue
+			}
+			ops++
+			route := method + " " + path
+			if !strings.HasPrefix(path, "/v1/") {
+				t.Errorf("%s: a documented route outside /v1", route)
+			}
+			security := sw.Security
+			if op.Security != nil {
+				security = op.Security // an operation's own list replaces the document's
+			}
+			required := false
+			for _, req := range security {
+				_, ok := req[bearer]
+				required = required || (ok && len(req) == 1)
+			}
+			if !required {
+				t.Errorf("%s: security %v; want the %q scheme required", route, security, bearer)
+			}
+			if op.Responses == nil {
+				t.Errorf("%s: no responses", route)
+				continue
+			}
+			for _, code := range documentedErrors {
+				r, ok := op.Responses.StatusCodeResponses[code]
+				if !ok || r.Schema == nil || r.Schema.Ref.String() != "#/definitions/rpcStatus" || r.Description == "" {
+					t.Errorf("%s: response %d is missing, undescribed or not the schema #/definitions/rpcStatus", route, code)
+				}
+			}
+		}
+	}
+	if ops < 20 {
+		t.Errorf("%d operations in /openapi.json; want every ClusterLifecycle, Operations and Simulator route", ops)
+	}
+}
+
+// TestRESTErrorBody checks the JSON of a REST error with a BadRequest: the
+// google.rpc.Status's code, message and details, the ErrorInfo with its
+// (empty) metadata, and field violations that leave out what is unset
+// instead of writing it as null ("localizedMessage": null); every field the
+// details hold is a property of their /openapi.json definitions.
+func TestRESTErrorBody(t *testing.T) {
+	h := start(t, repotest.Backends(t)[0])
+	req, err := http.NewRequestWithContext(tctx(t), http.MethodPost, h.base+"/v1/clusters",
+		strings.NewReader(`{"displayName":"Bad_Name","kubernetesVersion":"1.30.2","workerNodeCount":3,"serviceOffering":"medium"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("POST /v1/clusters with a bad name = %d %s, %v; want 400", resp.StatusCode, raw, err)
+	}
+	if bytes.Contains(raw, []byte("null")) {
+		t.Errorf("the error body has a null: %s", raw)
+	}
+	var body struct {
+		Code    int               `json:"code"`
+		Message string            `json:"message"`
+		Details []json.RawMessage `json:"details"`
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &top); err != nil {
+		t.Fatalf("the error body is not a JSON object: %v: %s", err, raw)
+	}
+	if err := json.Unmarshal(raw, &body); err != nil || len(top) != 3 || body.Code != int(codes.InvalidArgument) || body.Message == "" {
+		t.Fatalf("the error body = %s (%v); want exactly code 3, a message and details", raw, err)
+	}
+	var doc struct {
+		Definitions map[string]struct {
+			Properties map[string]json.RawMessage `json:"properties"`
+		} `json:"definitions"`
+	}
+	if err := json.Unmarshal(openapiv2.JSON, &doc); err != nil {
+		t.Fatal(err)
+	}
+	// documented fails the test unless /openapi.json's definition def has
+	// every field the server wrote in obj (but @type, the Any's).
+	documented := func(def string, obj map[string]json.RawMessage) {
+		props := doc.Definitions[def].Properties
+		for k := range obj {
+			if _, ok := props[k]; !ok && k != "@type" {
+				t.Errorf("the error body has %q in a %s; /openapi.json's %s has no such property", k, def, def)
+			}
+		}
+	}
+	var sawInfo, sawViolation bool
+	for _, d := range body.Details {
+		var detail map[string]json.RawMessage
+		if err := json.Unmarshal(d, &detail); err != nil {
+			t.Fatalf("detail %s: %v", d, err)
+		}
+		switch string(detail["@type"]) {
+		case `"type.googleapis.com/google.rpc.ErrorInfo"`:
+			documented("rpcErrorInfo", detail)
+			sawInfo = string(detail["reason"]) == `"INVALID_ARGUMENT"` && string(detail["domain"]) == `"clusterd.dev"` && string(detail["metadata"]) == "{}"
+		case `"type.googleapis.com/google.rpc.BadRequest"`:
+			var br struct {
+				FieldViolations []map[string]json.RawMessage `json:"fieldViolations"`
+			}
+			if err := json.Unmarshal(d, &br); err != nil || len(br.FieldViolations) != 1 {
+				t.Fatalf("BadRequest %s: %v; want one field violation", d, err)
+			}
+			documented("rpcBadRequest", detail)
+			v := br.FieldViolations[0]
+			documented("BadRequestFieldViolation", v)
+			_, hasLocalized := v["localizedMessage"]
+			sawViolation = string(v["field"]) == `"cluster.display_name"` && len(v["description"]) > 2 && !hasLocalized
+		}
+	}
+	if !sawInfo || !sawViolation {
+		t.Errorf("details = %s; want an ErrorInfo (INVALID_ARGUMENT, clusterd.dev, metadata {}) and a BadRequest on cluster.display_name without localizedMessage", raw)
 	}
 }
 
