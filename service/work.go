@@ -114,7 +114,7 @@ func (s *Clusters) task(c repository.Cluster, job repository.Job, work workFunc)
 			if err != nil {
 				return nil, err
 			}
-			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error()+note, false)
+			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+boundCause(cause.Error())+note, false)
 			return t, err
 		},
 	}
