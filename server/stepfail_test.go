@@ -228,7 +228,7 @@ func checkStepFailure(t *testing.T, h *harness, op *longrunningpb.Operation, ste
 			msgs = append(msgs, ev.GetMessage())
 		}
 	}
-	if !slices.ContainsFunc(msgs, func(m string) bool { return strings.HasPrefix(m, "operation failed: ") && strings.Contains(m, cause) }) {
+	if !slices.ContainsFunc(msgs, func(m string) bool { return strings.HasPrefix(m, "operation failed: "+cause) }) {
 		t.Errorf("history of %s by %s = %q; want an entry saying the operation failed: %s", cluster, op.GetName(), msgs, cause)
 	}
 }

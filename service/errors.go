@@ -82,8 +82,14 @@ type StepError struct {
 	Err  error
 }
 
-// Error names the step.
-func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
+// Error names the step, once: a driver's error that already starts with
+// the step's name (the simulator's do) is not prefixed again.
+func (e *StepError) Error() string {
+	if msg := e.Err.Error(); strings.HasPrefix(msg, e.Step+": ") {
+		return msg
+	}
+	return e.Step + ": " + e.Err.Error()
+}
 
 // Unwrap exposes the infrastructure's error (infra.ErrFenced, ...).
 func (e *StepError) Unwrap() error { return e.Err }

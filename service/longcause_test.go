@@ -119,7 +119,7 @@ func TestALongInfrastructureErrorReachesTheOperation(t *testing.T) {
 			if last.GetOperation() != op.GetName() || !strings.HasPrefix(last.GetMessage(), "operation failed: ") {
 				t.Fatalf("last event %v; want the upgrade's failure", last)
 			}
-			checkCause(t, "history entry", strings.TrimPrefix(last.GetMessage(), "operation failed: "), "upgrade_node: "+tt.cause, tt.whole)
+			checkCause(t, "history entry", strings.TrimPrefix(last.GetMessage(), "operation failed: "), tt.cause, tt.whole)
 		})
 	}
 }

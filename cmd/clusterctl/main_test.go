@@ -328,7 +328,7 @@ func TestAFailedStepIsShownWhole(t *testing.T) {
 		if r := ok(t, env, "operations", "get", op); !strings.HasSuffix(r.stdout, "\nError: "+want) {
 			t.Errorf("operations get %s =\n%s\nwant it to end Error: %s", op, r.stdout, want)
 		}
-		if r := ok(t, env, "events", "rest"); !strings.Contains(r.stdout, "operation failed: ") || !strings.Contains(r.stdout, cause) {
+		if r := ok(t, env, "events", "rest"); !strings.Contains(r.stdout, "operation failed: "+cause) {
 			t.Errorf("events =\n%s\nwant the failure of %s saying %q", r.stdout, op, cause)
 		}
 	}
