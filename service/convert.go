@@ -115,7 +115,7 @@ func toEvent(e repository.Event) *clv1.ClusterEvent {
 func jobError(j repository.Job) *spb.Status {
 	st := &spb.Status{}
 	if err := protojson.Unmarshal([]byte(j.Error), st); err != nil || st.Code == 0 {
-		st = &spb.Status{Code: int32(codes.Unknown), Message: fmt.Sprintf("operation ended %s: %s", j.Status, Clip(j.Error))}
+		st = &spb.Status{Code: int32(codes.Unknown), Message: boundCause(fmt.Sprintf("operation ended %s: %s", j.Status, j.Error))}
 		if j.Status == repository.JobCancelled {
 			st.Code = int32(codes.Canceled)
 		}

@@ -135,11 +135,8 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 	for _, w := range want {
 		for i := have[w.role]; i < w.count; i++ {
 			id := machineID(o.job.ID, fmt.Sprintf("%s-%d", w.role, i))
-			var m infra.Machine
-			if err := o.do(ctx, infra.StepProvisionMachine, func() (err error) {
-				m, err = s.infra.ProvisionMachine(ctx, o.call(id), id, w.role, c.Spec.ServiceOffering, c.Spec.KubernetesVersion)
-				return err
-			}); err != nil {
+			m, err := o.provision(ctx, id, w.role, c.Spec)
+			if err != nil {
 				return "", err
 			}
 			machines = append(machines, m)
@@ -180,6 +177,17 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 		return "", err
 	}
 	return endpoint, nil
+}
+
+// provision is the provision_machine step of machine id (create, start and
+// scale share it): like every infrastructure change, it runs through o.do,
+// so its failure is the operation's STEP_FAILED naming the step.
+func (o *op) provision(ctx context.Context, id string, role infra.Role, spec repository.Spec) (m infra.Machine, err error) {
+	err = o.do(ctx, infra.StepProvisionMachine, func() (err error) {
+		m, err = o.s.infra.ProvisionMachine(ctx, o.call(id), id, role, spec.ServiceOffering, spec.KubernetesVersion)
+		return err
+	})
+	return m, err
 }
 
 // finishUp fetches the kubeconfig and deploys the provider and, if wanted,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -81,18 +82,55 @@ type StepError struct {
 	Err  error
 }
 
-// Error names the step.
-func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
+// Error names the step, once: a driver's error that already starts with
+// the step's name (the simulator's do) is not prefixed again.
+func (e *StepError) Error() string {
+	if msg := e.Err.Error(); strings.HasPrefix(msg, e.Step+": ") {
+		return msg
+	}
+	return e.Step + ": " + e.Err.Error()
+}
 
 // Unwrap exposes the infrastructure's error (infra.ErrFenced, ...).
 func (e *StepError) Unwrap() error { return e.Err }
 
+// maxCause bounds the text of an operation's cause as it is stored and
+// shown (Operation.error.message, the failure's history entry): enough for
+// any infrastructure error an operator needs to read whole, short of what a
+// TEXT column or a terminal should take.
+const maxCause = 2 * 1024
+
+// boundCause is an operation's cause as it is stored and shown: whole up to
+// maxCause bytes, otherwise cut there at a rune boundary and saying so
+// (unlike Clip, which quotes a client's input, this is the server's own
+// account of what went wrong). Invalid UTF-8 is replaced, since protojson
+// refuses to encode it and the cause would be lost.
+func boundCause(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= maxCause {
+		return s
+	}
+	suffix := fmt.Sprintf("…(cut: %d bytes in all)", len(s))
+	cut := maxCause - len(suffix)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + suffix
+}
+
 // EncodeJobError is the stored error of a job that did not succeed: the
 // protojson of the google.rpc.Status that Status maps its cause to, with the
 // same ErrorInfo an RPC error carries. The runner and the scanner store it;
-// GetOperation and WaitOperation return it as the operation's error.
+// GetOperation and WaitOperation return it as the operation's error. Its
+// message is bounded here (boundCause), the one place every operation's
+// error passes through on its way to the database.
 func EncodeJobError(cause error) string {
 	st := Status(cause)
+	if msg := st.Message(); len(msg) > maxCause || !utf8.ValidString(msg) {
+		p := st.Proto()
+		p.Message = boundCause(msg)
+		st = status.FromProto(p)
+	}
 	if (st.Code() == codes.Canceled || st.Code() == codes.DeadlineExceeded) &&
 		!errors.Is(cause, runner.ErrCancelled) && !errors.Is(cause, runner.ErrDeadline) {
 		// A job's work runs on no client's request: a context error there
@@ -241,7 +279,7 @@ func Status(err error) *status.Status {
 	case errors.Is(err, runner.ErrJobLost):
 		return build(codes.Unavailable, "the operation ended: "+runner.ErrJobLost.Error()+"; please retry", ReasonJobLost, nil)
 	case errors.As(err, &step) && !errors.Is(err, repository.ErrUnavailable):
-		return build(codes.Unavailable, fmt.Sprintf("step %s failed: %s", step.Step, Clip(step.Err.Error())), ReasonStepFailed,
+		return build(codes.Unavailable, fmt.Sprintf("step %s failed: %s", step.Step, step.Err.Error()), ReasonStepFailed,
 			map[string]string{"step": step.Step})
 	// Errors of requests.
 	case errors.Is(err, auth.ErrNoCredentials):

@@ -205,11 +205,18 @@ func (o *op) repair(ctx context.Context, kind string) (repository.Changes, error
 			continue
 		}
 		have[m.Role]--
-		name, do := infra.StepDestroyMachine, s.infra.DestroyMachine
+		// A machine AddNodes adopted goes back to the free pool; any other
+		// is destroyed.
+		name := infra.StepDestroyMachine
 		if kind == VerbAddNodes {
-			name, do = infra.StepDeleteNode, s.infra.DeleteNode
+			name = infra.StepDeleteNode
 		}
-		if err := o.fix(ctx, c, name, func() error { return do(ctx, o.call(m.ID)) },
+		if err := o.fix(ctx, c, name, func() error {
+			if name == infra.StepDeleteNode {
+				return s.infra.DeleteNode(ctx, o.call(m.ID))
+			}
+			return s.infra.DestroyMachine(ctx, o.call(m.ID))
+		},
 			"%s: %s%s beyond the %d %s nodes never joined", name, machinePrefix, m.ID, want[m.Role], m.Role); err != nil {
 			return repository.Changes{}, err
 		}

@@ -245,10 +245,7 @@ func (o *op) addWorkers(ctx context.Context, c repository.Cluster, spec reposito
 			added = append(added, m)
 			continue
 		}
-		if err := o.step(ctx, infra.StepProvisionMachine); err != nil {
-			return err
-		}
-		m, err := s.infra.ProvisionMachine(ctx, o.call(id), id, infra.RoleWorker, spec.ServiceOffering, spec.KubernetesVersion)
+		m, err := o.provision(ctx, id, infra.RoleWorker, spec)
 		if err != nil {
 			return err
 		}

@@ -114,7 +114,7 @@ func (s *Clusters) task(c repository.Cluster, job repository.Job, work workFunc)
 			if err != nil {
 				return nil, err
 			}
-			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+cause.Error()+note, false)
+			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+boundCause(cause.Error())+note, false)
 			return t, err
 		},
 	}
@@ -147,7 +147,10 @@ func (o *op) step(ctx context.Context, name string) error {
 // do runs one infrastructure step: it records the step (progress, and the
 // runner's cancellation and recovery checks), then calls it. A call the
 // infrastructure refuses because this job no longer holds the cluster
-// (infra.ErrFenced) stops the operation; nothing was changed.
+// (infra.ErrFenced) stops the operation; nothing was changed. Every
+// infrastructure change an operation makes goes through do, so that its
+// failure is a *StepError (STEP_FAILED naming the step), never a bare error
+// that Status can only call internal (TestEveryInfrastructureChangeIsAStep).
 func (o *op) do(ctx context.Context, name string, call func() error) error {
 	if err := o.step(ctx, name); err != nil {
 		return err

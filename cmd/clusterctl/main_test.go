@@ -298,6 +298,42 @@ func TestEveryCommandAgainstARealServer(t *testing.T) {
 	}
 }
 
+// TestAFailedStepIsShownWhole: an operation that fails at a step shows the
+// step and the infrastructure's whole error (not a 40-byte clip of it), in
+// --wait, operations get and events; a scale's provision_machine is a step
+// like any other (it ended INTERNAL "internal error").
+func TestAFailedStepIsShownWhole(t *testing.T) {
+	addr := serve(t)
+	env := map[string]string{"CLUSTERCTL_SERVER": addr}
+	s := sim(t, addr)
+	ok(t, env, "create", "rest", "--kubernetes-version", "1.30.2", "--workers", "1", "--offering", "medium", "--wait")
+	for _, tt := range []struct {
+		step string
+		args []string
+	}{
+		{"upgrade_node", []string{"upgrade", "rest", "1.30.5", "--wait"}},
+		{"provision_machine", []string{"scale", "rest", "--workers", "3", "--wait"}},
+	} {
+		f, err := s.Simulator.InjectFault(tctx(t), &clv1.InjectFaultRequest{Fault: &clv1.Fault{Step: tt.step, Mode: clv1.Fault_FAIL, Count: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cause := fmt.Sprintf("%s: injected failure (fault %s)", tt.step, strings.TrimPrefix(f.GetName(), "faults/"))
+		want := fmt.Sprintf("UNAVAILABLE STEP_FAILED: step %s failed: %s\n", tt.step, cause)
+		r := ctl(t, env, tt.args...)
+		op := operationPattern.FindString(r.stderr)
+		if r.code != 1 || op == "" || !strings.HasSuffix(r.stderr, "clusterctl: "+op+" failed: "+want) {
+			t.Errorf("clusterctl %s: exit %d, stderr %q; want exit 1 ending %q", strings.Join(tt.args, " "), r.code, r.stderr, op+" failed: "+want)
+		}
+		if r := ok(t, env, "operations", "get", op); !strings.HasSuffix(r.stdout, "\nError: "+want) {
+			t.Errorf("operations get %s =\n%s\nwant it to end Error: %s", op, r.stdout, want)
+		}
+		if r := ok(t, env, "events", "rest"); !strings.Contains(r.stdout, "operation failed: "+cause) {
+			t.Errorf("events =\n%s\nwant the failure of %s saying %q", r.stdout, op, cause)
+		}
+	}
+}
+
 // TestCommandLine: usage mistakes exit 2, the environment twins work and a
 // flag wins over its twin, --version, shell completion.
 func TestCommandLine(t *testing.T) {
