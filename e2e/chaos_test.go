@@ -909,6 +909,13 @@ func (c *chaos) replay(name string, evs []repository.Event, jobs map[string]repo
 				c.violate("%s: entry %d %s by %s while %q held the cluster", name, e.ID, e.Name, e.Operation, holder)
 			}
 			holder = ""
+		case e.Name == "FAULTS_DETECTED" && e.Operation != "":
+			// An operation's end that found its machines not matching the
+			// record (lifecycle.Settle): it ends the hold like any end.
+			if holder != e.Operation {
+				c.violate("%s: entry %d FAULTS_DETECTED by %s while %q held the cluster", name, e.ID, e.Operation, holder)
+			}
+			holder = ""
 		case e.Name == "FAULTS_DETECTED":
 			if holder != "" {
 				c.violate("%s: entry %d FAULTS_DETECTED while %s held the cluster", name, e.ID, holder)
