@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -32,11 +31,12 @@ import (
 
 // The chaos soak (issue 8): three clusterd processes on one MariaDB (a
 // private mariadbd, so that it can be restarted), 16 clients sending random
-// operations to 20 clusters through any live process, a process SIGKILLed
+// operations to 20 clusters through any live process (and cancelling one in
+// eight of them a moment later), a process SIGKILLed
 // and restarted every ~20s, one SIGSTOPped for longer than the peer timeout
 // and then continued, and one MariaDB restart; then every client stops, the
-// system settles, ALERT clusters are started (and upgraded when their nodes
-// disagree), and an invariant checker reads the histories, the jobs and the
+// system settles, ALERT clusters are started (or upgraded when their nodes
+// run a version the record does not), and an invariant checker reads the histories, the jobs and the
 // simulator's fencing log:
 //
 //   - never two holders: every claim finds the cluster unheld or takes it
@@ -47,7 +47,9 @@ import (
 //   - no infrastructure change by a job after it lost its claim: every call
 //     the simulator accepted was made while the history shows its job
 //     holding the cluster;
-//   - machines match the cluster at rest.
+//   - machines match the cluster at rest; and, sampled every second while
+//     the chaos runs, every cluster at rest RUNNING has every machine
+//     running, joined and at the recorded version (sampleAtRest).
 //
 // It runs once per --on-owner-loss: with resume (the default), a killed
 // process's operations are adopted by its restarted self and a stopped
@@ -347,12 +349,86 @@ func (c *chaos) run() {
 			c.client(ctx, rand.New(rand.NewPCG(seed, uint64(g))))
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.sampleAtRest(ctx)
+	}()
 	if c.cfg.rolling {
 		c.rollingRestart(ctx)
 	} else {
 		c.monkey(ctx, rand.New(rand.NewPCG(seed, 1<<32)))
 	}
 	wg.Wait()
+}
+
+// sampleAtRest checks, every second while the chaos runs, that every
+// cluster at rest RUNNING has every machine running, joined and at the
+// recorded Kubernetes version (SPEC §5.2: an operation that ends RUNNING
+// leaves them so, or ends ALERT). It is sound without stopping anything:
+// it reads the clusters, then their machines, then the clusters again, and
+// judges only a cluster that was RUNNING, unheld and at the same row
+// version both times. No claim happened in between (every claim bumps the
+// version), and a machine of a cluster changes only under a job holding it
+// (fencing), so the machines read are those the cluster rests on. Nothing
+// in the soak breaks a machine behind clusterd's back (no out-of-band power
+// change), so there is no legitimate window in which reconciliation has yet
+// to flag a RUNNING cluster. A sample the database cannot answer (its
+// restart) is skipped.
+func (c *chaos) sampleAtRest(ctx context.Context) {
+	ids := make([]string, len(c.names))
+	for i, name := range c.names {
+		ids[i] = strings.TrimPrefix(name, "clusters/")
+	}
+	read := func() (map[string]repository.Cluster, bool) {
+		out := map[string]repository.Cluster{}
+		for _, id := range ids {
+			cl, err := c.repo.GetCluster(ctx, id)
+			if err != nil {
+				return nil, false
+			}
+			out[id] = cl
+		}
+		return out, true
+	}
+	seen := map[string]bool{} // cluster and row version: a violation is reported once
+	for ctx.Err() == nil {
+		c.pause(ctx, time.Second)
+		before, ok := read()
+		if !ok {
+			continue
+		}
+		ms, err := c.repo.ListMachines(ctx, ids...)
+		if err != nil {
+			continue
+		}
+		after, ok := read()
+		if !ok {
+			continue
+		}
+		byCluster := map[string][]repository.Machine{}
+		for _, m := range ms {
+			byCluster[m.ClusterID] = append(byCluster[m.ClusterID], m)
+		}
+		c.mu.Lock()
+		c.figures["at-rest samples"]++
+		for _, id := range ids {
+			b, a := before[id], after[id]
+			if b.State.String() != "RUNNING" || b.CurrentOperation != "" || a.Version != b.Version {
+				continue
+			}
+			c.figures["at-rest samples: RUNNING clusters checked"]++
+			key := fmt.Sprintf("%s@%d", id, b.Version)
+			for _, m := range byCluster[id] {
+				if (m.Power != "RUNNING" || !m.Joined || m.KubernetesVersion != b.Spec.KubernetesVersion) && !seen[key+m.ID] {
+					seen[key+m.ID] = true
+					c.violate("sampled while running: clusters/%s RUNNING at rest (version %d) at %s, but machine %s power %s joined %t version %s",
+						id, b.Version, b.Spec.KubernetesVersion, m.ID, m.Power, m.Joined, m.KubernetesVersion)
+				}
+			}
+		}
+		c.mu.Unlock()
+	}
 }
 
 // client sends random operations, each with a request_id, through a random
@@ -381,6 +457,9 @@ func (c *chaos) client(ctx context.Context, rng *rand.Rand) {
 				c.mu.Lock()
 				c.accepted[op.GetName()] = verb
 				c.mu.Unlock()
+				if !c.cfg.rolling && rng.IntN(8) == 0 {
+					c.cancelLater(ctx, rng, op.GetName())
+				}
 				break
 			}
 			code, info := refusal(err)
@@ -401,6 +480,27 @@ func (c *chaos) client(ctx context.Context, rng *rand.Rand) {
 		}
 		c.pause(ctx, time.Duration(20+rng.IntN(60))*time.Millisecond)
 	}
+}
+
+// cancelLater cancels an accepted operation after a short random pause,
+// through a random process (the rolling restart cancels nothing: it wants
+// every job to succeed). A cancel lands at the operation's next step, or
+// not at all when it has ended: either way the cluster must end at rest
+// with machines that match its record, e.g. an upgrade cancelled after its
+// last node ends ALERT, and heal upgrades it again.
+func (c *chaos) cancelLater(ctx context.Context, rng *rand.Rand, op string) {
+	c.pause(ctx, time.Duration(20+rng.IntN(300))*time.Millisecond)
+	conn := c.conns[rng.IntN(len(c.conns))]
+	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err := longrunningpb.NewOperationsClient(conn).CancelOperation(rctx, &longrunningpb.CancelOperationRequest{Name: op})
+	cancel()
+	c.mu.Lock()
+	if err == nil {
+		c.figures["cancels sent"]++
+	} else {
+		c.figures["cancels not answered"]++
+	}
+	c.mu.Unlock()
 }
 
 func (c *chaos) pause(ctx context.Context, d time.Duration) {
@@ -730,8 +830,8 @@ func (c *chaos) settle() {
 	}
 }
 
-// heal brings every ALERT cluster back: a start, and an upgrade to the
-// newest version a node runs when the nodes disagree, so that "machines match
+// heal brings every ALERT cluster back: a start, or, when a node runs a
+// version newer than the record, an upgrade to it (from ALERT), so that "machines match
 // the cluster at rest" can be checked on every cluster. Reconciliation may
 // take a cluster to ALERT only after heal looked at it: a machine that an
 // interrupted stop left off, under a cluster that a later scale (allowed
@@ -776,15 +876,18 @@ func (c *chaos) healRound() bool {
 			if err != nil {
 				t.Fatalf("GetCluster %s: %v", name, err)
 			}
-			if got.GetState() != clv1.Cluster_ALERT && !(got.GetState() == clv1.Cluster_RUNNING && nodeSkew(got) != "") {
+			if got.GetState() != clv1.Cluster_ALERT {
 				break
 			}
 			ctx, cancel = rpcCtx()
 			var op *longrunningpb.Operation
-			if got.GetState() == clv1.Cluster_ALERT {
-				op, err = cl.StartCluster(ctx, &clv1.StartClusterRequest{Name: name})
+			if v := newestNode(got); v != got.GetKubernetesVersion() {
+				// Nodes on a version the record does not have (an upgrade
+				// that failed or was cancelled): the upgrade, allowed from
+				// ALERT, records it; a start could not end RUNNING on them.
+				op, err = cl.UpgradeCluster(ctx, &clv1.UpgradeClusterRequest{Name: name, KubernetesVersion: v})
 			} else {
-				op, err = cl.UpgradeCluster(ctx, &clv1.UpgradeClusterRequest{Name: name, KubernetesVersion: newestNode(got)})
+				op, err = cl.StartCluster(ctx, &clv1.StartClusterRequest{Name: name})
 			}
 			cancel()
 			if err == nil {
@@ -798,19 +901,6 @@ func (c *chaos) healRound() bool {
 	}
 	c.settle()
 	return sent
-}
-
-func nodeSkew(cl *clv1.Cluster) string {
-	vs := map[string]bool{}
-	for _, n := range cl.GetNodes() {
-		if n.GetKubernetesVersion() != "" {
-			vs[n.GetKubernetesVersion()] = true
-		}
-	}
-	if len(vs) < 2 {
-		return ""
-	}
-	return fmt.Sprint(slices.Sorted(maps.Keys(vs)))
 }
 
 func newestNode(cl *clv1.Cluster) string {
@@ -974,6 +1064,13 @@ func (c *chaos) replay(name string, evs []repository.Event, jobs map[string]repo
 		case slices.Contains([]string{"OPERATION_SUCCEEDED", "OPERATION_FAILED", "CREATE_FAILED", repository.OperationEnded}, e.Name):
 			if holder != e.Operation {
 				c.violate("%s: entry %d %s by %s while %q held the cluster", name, e.ID, e.Name, e.Operation, holder)
+			}
+			holder = ""
+		case e.Name == "FAULTS_DETECTED" && e.Operation != "":
+			// An operation's end that found its machines not matching the
+			// record (lifecycle.Settle): it ends the hold like any end.
+			if holder != e.Operation {
+				c.violate("%s: entry %d FAULTS_DETECTED by %s while %q held the cluster", name, e.ID, e.Operation, holder)
 			}
 			holder = ""
 		case e.Name == "FAULTS_DETECTED":

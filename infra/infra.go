@@ -220,41 +220,65 @@ type Infrastructure interface {
 	DestroyMachine(ctx context.Context, c Call) error
 }
 
-// AllRunningAndJoined reports whether a cluster's machines are all powered on
-// and joined to Kubernetes: what reconciliation needs to bring an ALERT
-// cluster back.
-func AllRunningAndJoined(machines []Machine) bool {
+// Mismatch says how a cluster's machines differ from what a healthy
+// cluster's record says of them (SPEC §5.2): every machine powered on,
+// joined to Kubernetes and running the recorded version. It names each
+// machine that is not ("machine m1 is STOPPED; machine m2 has not joined")
+// and the versions when a node runs another ("nodes run 1.30.5 on 2 nodes,
+// not the recorded 1.30.2"), and is empty when they match. No machines at
+// all do not match. It is the one comparison of machines with the record:
+// an operation's end before it leaves a cluster RUNNING, and
+// reconciliation of RUNNING and ALERT clusters, both use it.
+func Mismatch(machines []Machine, version string) string {
+	if len(machines) == 0 {
+		return "the cluster has no machines"
+	}
+	var parts []string
 	for _, m := range machines {
-		if m.Power != PowerRunning || !m.Joined {
-			return false
+		switch {
+		case m.Power != PowerRunning:
+			parts = append(parts, fmt.Sprintf("machine %s is %s", m.ID, m.Power))
+		case !m.Joined:
+			parts = append(parts, fmt.Sprintf("machine %s has not joined", m.ID))
 		}
 	}
-	return len(machines) > 0
+	if v := VersionsOff(machines, version); v != "" {
+		parts = append(parts, v)
+	}
+	return strings.Join(parts, "; ")
 }
 
-// VersionSkew says which Kubernetes versions a cluster's machines run when
-// they do not all run the same one ("1.30.2 on 2 nodes, 1.30.5 on 1 node"),
-// and is empty when they do (machines that run none yet are not counted). A
-// cluster with a skew is not healthy, whatever its power (SPEC §5.2): an
-// upgrade was interrupted, and only running it again makes the nodes equal.
-func VersionSkew(machines []Machine) string {
+// nodes is "node" or "nodes" for n.
+func nodes(n int) string {
+	if n == 1 {
+		return "node"
+	}
+	return "nodes"
+}
+
+// VersionsOff says which Kubernetes versions a cluster's nodes run when
+// any runs one other than the recorded version ("nodes run 1.30.2 on 2
+// nodes, 1.30.5 on 1 node, not the recorded 1.30.2"), and is empty when
+// they all run it: a mixed set, and nodes that all run another version
+// (an upgrade cancelled after its last node), alike. Machines that run no
+// version yet (not joined) are not counted. Such a cluster is not healthy,
+// whatever its power (SPEC §5.2); an upgrade makes the record equal.
+func VersionsOff(machines []Machine, version string) string {
 	count := map[string]int{}
+	differ := false
 	for _, m := range machines {
 		if m.KubernetesVersion != "" {
 			count[m.KubernetesVersion]++
+			differ = differ || m.KubernetesVersion != version
 		}
 	}
-	if len(count) < 2 {
+	if !differ {
 		return ""
 	}
 	versions := slices.Sorted(maps.Keys(count))
-	parts := make([]string, len(versions))
+	runs := make([]string, len(versions))
 	for i, v := range versions {
-		noun := "nodes"
-		if count[v] == 1 {
-			noun = "node"
-		}
-		parts[i] = fmt.Sprintf("%s on %d %s", v, count[v], noun)
+		runs[i] = fmt.Sprintf("%s on %d %s", v, count[v], nodes(count[v]))
 	}
-	return strings.Join(parts, ", ")
+	return fmt.Sprintf("nodes run %s, not the recorded %s", strings.Join(runs, ", "), version)
 }

@@ -84,11 +84,17 @@ var transitions = map[move]State{
 	{RemovingNodes, OperationSucceeded}: Running,
 	{RemovingNodes, OperationFailed}:    Running,
 
-	{Alert, StartRequested}:      Starting,
-	{Alert, AutoscaleRequested}:  Scaling,
-	{Alert, ScaleUpRequested}:    Scaling,
-	{Alert, ScaleDownRequested}:  Scaling,
-	{Alert, StopRequested}:       Stopping,
+	{Alert, StartRequested}:     Starting,
+	{Alert, AutoscaleRequested}: Scaling,
+	{Alert, ScaleUpRequested}:   Scaling,
+	{Alert, ScaleDownRequested}: Scaling,
+	{Alert, StopRequested}:      Stopping,
+	// clusterd: nodes that all run a version other than the record (an
+	// upgrade cancelled after its last node) keep the cluster in ALERT
+	// until an upgrade makes them equal to the record (SPEC §5.2), and no
+	// other operation may end RUNNING on them (Settle): without this row
+	// such a cluster could only be destroyed.
+	{Alert, UpgradeRequested}:    Upgrading,
 	{Alert, AddNodeRequested}:    Importing,
 	{Alert, RemoveNodeRequested}: RemovingNodes,
 	{Alert, RecoveryRequested}:   Recovering,
@@ -201,6 +207,17 @@ var live = map[State]bool{Running: true, Alert: true}
 // on its way back), for the scale rules of SPEC §3.6.
 func IsLive(s State) bool { return live[s] }
 
+// healthy lists the states that vouch for a cluster's machines: RUNNING
+// ("provisioned and healthy", SPEC §1) says every machine runs, has joined
+// and runs the recorded Kubernetes version.
+var healthy = map[State]bool{Running: true}
+
+// Healthy reports whether a cluster in state s must have every machine
+// running, joined and at its recorded Kubernetes version (SPEC §5.2):
+// reconciliation compares such a cluster's machines with its record, and an
+// operation that would end in s compares them first (Settle).
+func Healthy(s State) bool { return healthy[s] }
+
 // Decision is the state machine's answer for one write: a cluster in state
 // From receives Event (EventUnspecified: none, the cluster keeps its state)
 // and goes to To. Like raft's Ready, it is computed once, by whoever read the
@@ -230,6 +247,33 @@ func Decide(from State, e Event) (Decision, error) {
 // Stay is the decision to keep state from: an operation that ends without
 // a state change (SPEC §3.4) only releases the cluster.
 func Stay(from State) Decision { return Decision{From: from, To: from} }
+
+// Settle is how an operation ends, given its decision d (End's) and
+// whether the cluster's machines match the record (every machine running,
+// joined and at the recorded Kubernetes version). An end that would leave
+// the cluster in a Healthy state with machines that do not match finds the
+// faults in the same write (SPEC §5.2: an operation that ends RUNNING
+// leaves every machine running, joined and at the recorded version, or ends
+// ALERT naming what is not, whether it started from RUNNING or ALERT): the
+// end moves the cluster to d.To, and FAULTS_DETECTED from there, so the
+// decision is FAULTS_DETECTED to where the table takes d.To with it. Any
+// other decision is d.
+//
+// It is a composition of two rows of the table rather than a row of its
+// own, so the table stays SPEC §2's: IMPORTING and REMOVING_NODES end
+// RUNNING whether they succeed or fail, as in the model, and the finding
+// is what the scanner would write a moment later, without the moment in
+// which the cluster is RUNNING on machines that say otherwise.
+func Settle(d Decision, matches bool) Decision {
+	if matches || !Healthy(d.To) {
+		return d
+	}
+	to, err := Next(d.To, FaultsDetected)
+	if err != nil {
+		return d
+	}
+	return Decision{From: d.From, Event: FaultsDetected, To: to}
+}
 
 // End is how an operation ends on a cluster in state from: e (OPERATION_
 // SUCCEEDED, OPERATION_FAILED, CREATE_FAILED) where the table has it, and

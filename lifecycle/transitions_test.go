@@ -61,6 +61,7 @@ var specTransitions = []struct {
 	{Alert, ScaleUpRequested, Scaling},
 	{Alert, ScaleDownRequested, Scaling},
 	{Alert, StopRequested, Stopping},
+	{Alert, UpgradeRequested, Upgrading}, // clusterd: the way out of nodes that all differ from the record
 	{Alert, AddNodeRequested, Importing},
 	{Alert, RemoveNodeRequested, RemovingNodes},
 	{Alert, RecoveryRequested, Recovering},
@@ -166,8 +167,8 @@ func TestNextExhaustive(t *testing.T) {
 	if allowed != len(specTransitions) {
 		t.Errorf("Next allows %d pairs of the spec table, want all %d", allowed, len(specTransitions))
 	}
-	if len(specTransitions) != 45 {
-		t.Errorf("spec table has %d rows, want 45 (SPEC §2 expanded)", len(specTransitions))
+	if len(specTransitions) != 46 {
+		t.Errorf("spec table has %d rows, want 46 (SPEC §2 expanded, with ALERT + UPGRADE_REQUESTED)", len(specTransitions))
 	}
 }
 
@@ -469,6 +470,47 @@ func TestDecisions(t *testing.T) {
 		}
 		if s := Stay(from); s.To != from || s.Moves() {
 			t.Errorf("Stay(%s) = %+v", from, s)
+		}
+	}
+}
+
+func TestHealthy(t *testing.T) {
+	// SPEC §1: RUNNING is "provisioned and healthy"; ALERT is the state that
+	// says it is not.
+	for _, s := range States() {
+		if got := Healthy(s); got != (s == Running) {
+			t.Errorf("Healthy(%s) = %v; want %v", s, got, s == Running)
+		}
+	}
+}
+
+// TestSettle: an operation's end that would leave the cluster RUNNING on
+// machines that do not match the record ends ALERT by FAULTS_DETECTED,
+// whichever operation state it ends and whether it succeeded or failed
+// (IMPORTING and REMOVING_NODES end RUNNING either way); every other end is
+// left as End decided it.
+func TestSettle(t *testing.T) {
+	for _, from := range States() {
+		for _, e := range []Event{OperationSucceeded, OperationFailed, CreateFailed, DestroyRequested} {
+			d := End(from, e)
+			if got := Settle(d, true); got != d {
+				t.Errorf("Settle(End(%s, %s), matches) = %+v; want %+v", from, e, got, d)
+			}
+			got := Settle(d, false)
+			want := d
+			if d.To == Running {
+				want = Decision{From: from, Event: FaultsDetected, To: Alert}
+			}
+			if got != want {
+				t.Errorf("Settle(End(%s, %s), mismatch) = %+v; want %+v", from, e, got, want)
+			}
+		}
+	}
+	// The two cases of issue 17: a remove-nodes from ALERT that ends with a
+	// machine off, and a recovery whose nodes all differ from the record.
+	for _, d := range []Decision{End(RemovingNodes, OperationSucceeded), End(RemovingNodes, OperationFailed), End(Recovering, OperationSucceeded)} {
+		if got := Settle(d, false); got.To != Alert || got.Event != FaultsDetected {
+			t.Errorf("Settle(%+v, mismatch) = %+v; want ALERT by FAULTS_DETECTED", d, got)
 		}
 	}
 }

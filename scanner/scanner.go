@@ -460,9 +460,11 @@ func (s *Scanner) destroyDue(clusterID string) bool {
 }
 
 // reconcile compares the clusters no operation holds with their machines
-// (SPEC §5.2): RUNNING or STOPPED with a machine in the wrong power state ->
-// ALERT; ALERT with every machine running and joined -> RECOVERING ->
-// RUNNING; ALERT with every machine stopped -> STOPPING -> STOPPED.
+// (SPEC §5.2): RUNNING with a machine that is off, has not joined or runs
+// another version than the record, or STOPPED with a machine on -> ALERT;
+// ALERT whose machines all match the record (running, joined, at the
+// recorded version) -> RECOVERING -> RUNNING; ALERT with every machine
+// stopped -> STOPPING -> STOPPED.
 func (s *Scanner) reconcile(ctx context.Context, r *Report) {
 	clusters, err := s.reconcilePage(ctx)
 	if err != nil || len(clusters) == 0 {
@@ -555,39 +557,37 @@ func (s *Scanner) reconcilePage(ctx context.Context) ([]repository.Cluster, erro
 }
 
 // reconcileAction picks what reconciliation does to a cluster, asking the
-// state machine which events its state allows. A cluster whose nodes run
-// different Kubernetes versions (an interrupted or failed upgrade) is not
-// healthy: a live one goes to ALERT with the versions named, and an ALERT
-// one is not brought back to RUNNING until an upgrade makes them equal.
+// state machine which events its state allows. A cluster that vouches for
+// its machines (RUNNING, lifecycle.Healthy) is compared machine by machine
+// with its record, not only with its other machines: each must run, have
+// joined and run the recorded Kubernetes version (infra.Mismatch, the
+// check an operation's end makes too), or the cluster goes to ALERT naming
+// what does not match. An ALERT cluster is brought back only when its
+// machines match the record, so nodes that all run a version the record
+// does not (an upgrade cancelled after its last node) keep it in ALERT
+// until an upgrade records it.
 func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms []infra.Machine) (string, func() error) {
 	allows := func(e lifecycle.Event) bool { _, err := lifecycle.Next(c.State, e); return err == nil }
-	// A live cluster (RUNNING) wants every machine on, a STOPPED one every
-	// machine off.
-	want := infra.PowerStopped
-	if lifecycle.IsLive(c.State) {
-		want = infra.PowerRunning
-	}
-	wrong, running := 0, 0
+	running := 0
 	for _, m := range ms {
-		if m.Power != want {
-			wrong++
-		}
 		if m.Power == infra.PowerRunning {
 			running++
 		}
 	}
-	skew := infra.VersionSkew(ms)
+	mismatch := infra.Mismatch(ms, c.Spec.KubernetesVersion)
 	switch {
+	case allows(lifecycle.FaultsDetected) && lifecycle.Healthy(c.State):
+		if mismatch != "" {
+			reason := "the machines do not match the record: " + mismatch
+			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
+		}
 	case allows(lifecycle.FaultsDetected):
-		if wrong > 0 {
-			reason := fmt.Sprintf("%d of %d machines are not in the power state %s wants", wrong, len(ms), c.State)
+		// STOPPED wants every machine off.
+		if running > 0 {
+			reason := fmt.Sprintf("%d of %d machines are not in the power state %s wants", running, len(ms), c.State)
 			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
 		}
-		if skew != "" && lifecycle.IsLive(c.State) {
-			reason := fmt.Sprintf("nodes run different Kubernetes versions (%s); run the upgrade again", skew)
-			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
-		}
-	case allows(lifecycle.RecoveryRequested) && infra.AllRunningAndJoined(ms) && skew == "":
+	case allows(lifecycle.RecoveryRequested) && mismatch == "":
 		return "recover", func() error { return s.cfg.Recoverer.RecoverAlert(ctx, c) }
 	case allows(lifecycle.StopRequested) && running == 0:
 		return "stop", func() error { return s.cfg.Recoverer.StopAlert(ctx, c) }

@@ -82,10 +82,18 @@ func streamErrors(log *slog.Logger) grpc.StreamServerInterceptor {
 	}
 }
 
+// mapError logs the cause that the status hides: an internal error at
+// ERROR, and an UNAVAILABLE refusal (the database down, this server
+// without its lease after a pause, shutting down) at WARN, the level of
+// every refusal (README, Logging): the client retries elsewhere and nothing
+// is lost, so it is not an operator's error.
 func mapError(ctx context.Context, log *slog.Logger, method string, err error) error {
 	st := service.Status(err)
-	if st.Code() == codes.Internal || st.Code() == codes.Unavailable {
+	switch st.Code() {
+	case codes.Internal:
 		log.ErrorContext(ctx, "request failed", "method", method, "error", err.Error())
+	case codes.Unavailable:
+		log.WarnContext(ctx, "request refused: unavailable", "method", method, "error", err.Error())
 	}
 	return st.Err()
 }

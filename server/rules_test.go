@@ -1786,6 +1786,13 @@ func (r *rig) checkHolders(name string, accepted []string) {
 				r.t.Errorf("%s: entry %d %s by %s while %q held the cluster", name, e.ID, e.Name, e.Operation, holder)
 			}
 			holder = ""
+		case e.Name == lifecycle.FaultsDetected.String() && e.Operation != "":
+			// An operation's end that found its machines not matching the
+			// record (lifecycle.Settle): written by the holder, it ends the hold.
+			if holder != e.Operation {
+				r.t.Errorf("%s: entry %d %s by %s while %q held the cluster", name, e.ID, e.Name, e.Operation, holder)
+			}
+			holder = ""
 		case e.Name == lifecycle.FaultsDetected.String():
 			// The scanner's reconciliation, which only writes unheld clusters.
 			if holder != "" {

@@ -61,9 +61,8 @@ func (s *Clusters) orphanWork(p recoverPlan) workFunc {
 		if err != nil {
 			return ch, err
 		}
-		note, err := o.skewNote(ctx)
-		o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(p.Orphan), p.Reason) + note
-		return ch, err
+		o.endMessage = fmt.Sprintf("orphaned operation %s ended: %s", operationName(p.Orphan), p.Reason)
+		return ch, nil
 	}
 }
 
@@ -115,11 +114,8 @@ func (s *Clusters) recoverAlertWork(ctx context.Context, o *op) (repository.Chan
 	if err != nil {
 		return repository.Changes{}, err
 	}
-	if !infra.AllRunningAndJoined(machines) {
-		return repository.Changes{}, errors.New("machines changed during recovery: not all running and joined")
-	}
-	if skew := infra.VersionSkew(machines); skew != "" {
-		return repository.Changes{}, fmt.Errorf("nodes run different Kubernetes versions (%s); run the upgrade again", skew)
+	if mismatch := infra.Mismatch(machines, c.Spec.KubernetesVersion); mismatch != "" {
+		return repository.Changes{}, fmt.Errorf("machines changed during recovery: %s", mismatch)
 	}
 	ch, err := o.repair(ctx, "")
 	if err != nil || c.Endpoint != "" {
@@ -328,20 +324,4 @@ func sameRules(a, b []infra.Rule) bool {
 		set[r]--
 	}
 	return true
-}
-
-// skewNote is what a failed or recovered operation adds to its history entry
-// when it leaves the cluster's nodes on different Kubernetes versions (an
-// upgrade that did not finish), so the ALERT it ends in says why; empty
-// otherwise. A machine list that cannot be read is an error: the end is
-// written again once it can (a note silently left out would hide the skew).
-func (o *op) skewNote(ctx context.Context) (string, error) {
-	machines, err := o.s.infra.Machines(ctx, o.job.ResourceID)
-	if err != nil {
-		return "", fmt.Errorf("read the machines for the end of %s: %w", o.job.ID, err)
-	}
-	if skew := infra.VersionSkew(machines); skew != "" {
-		return fmt.Sprintf("; nodes run different Kubernetes versions (%s): run the upgrade again", skew), nil
-	}
-	return "", nil
 }

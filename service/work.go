@@ -110,11 +110,7 @@ func (s *Clusters) task(c repository.Cluster, job repository.Job, work workFunc)
 			if err != nil {
 				return nil, err
 			}
-			note, err := o.skewNote(ctx)
-			if err != nil {
-				return nil, err
-			}
-			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+boundCause(cause.Error())+note, false)
+			t, _, err := o.release(ctx, o.failEvent, changes, "operation failed: "+boundCause(cause.Error()), false)
 			return t, err
 		},
 	}
@@ -215,6 +211,16 @@ func (o *op) move(ctx context.Context, ev lifecycle.Event, msg string) (reposito
 // predicted is the cluster as the transition will write it. On success the
 // cluster is the one this operation wrote last, unread; a failure reads it,
 // since the failure may be that the cluster was taken.
+//
+// An end that would leave the cluster RUNNING first compares its machines
+// with the record as the end writes it (SPEC §5.2): if they do not match,
+// the state machine's Settle ends it ALERT instead, and the history entry
+// says what does not match. This is the one check of every operation's end,
+// whatever it started from (an operation from ALERT must not end RUNNING on
+// the machine it left off), and whether it succeeded or failed (IMPORTING
+// and REMOVING_NODES end RUNNING either way). Any other end that is not a
+// success names the nodes' versions when they differ from the record (an
+// upgrade that failed or was cancelled), so the ALERT it ends in says why.
 func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Changes, msg string, success bool) (*repository.Transition, repository.Cluster, error) {
 	c := o.cluster
 	if !success {
@@ -228,7 +234,28 @@ func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Chan
 			return nil, c, err
 		}
 	}
-	t := repository.Move(c, lifecycle.End(c.State, ev))
+	d := lifecycle.End(c.State, ev)
+	if lifecycle.Healthy(d.To) || ev != lifecycle.OperationSucceeded {
+		machines, err := o.s.infra.Machines(ctx, c.ID)
+		if err != nil {
+			return nil, c, fmt.Errorf("read the machines for the end of %s: %w", o.job.ID, err)
+		}
+		recorded := c.Spec.KubernetesVersion
+		if ch.Spec != nil {
+			recorded = ch.Spec.KubernetesVersion
+		}
+		if lifecycle.Healthy(d.To) {
+			mismatch := infra.Mismatch(machines, recorded)
+			d = lifecycle.Settle(d, mismatch == "")
+			if mismatch != "" {
+				msg += "; the machines do not match the record: " + mismatch
+				o.s.log.Warn("operation ends ALERT: the machines do not match the record", "job", o.job.ID, "cluster", c.ID, "mismatch", mismatch)
+			}
+		} else if v := infra.VersionsOff(machines, recorded); v != "" {
+			msg += "; " + v + ": run the upgrade again"
+		}
+	}
+	t := repository.Move(c, d)
 	t.Changes, t.Message = ch, msg
 	return &t, t.Apply(c, o.s.now().UTC()), nil
 }
