@@ -159,12 +159,12 @@ func TestReloadKeepsTheOldTableOnError(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n, err := a.Reload(); err == nil {
-			t.Fatalf("Reload of a %s file succeeded with %d identities", name, n)
+			t.Fatalf("Reload of the %s file succeeded with %d identities", name, n)
 		} else if name != "malformed" && !errors.Is(err, ErrNoIdentities) {
-			t.Errorf("Reload of a %s file: %v; want ErrNoIdentities", name, err)
+			t.Errorf("Reload of the %s file: %v; want ErrNoIdentities", name, err)
 		}
 		if id, err := a.Authenticate(Credentials{Authorization: "Bearer new"}); err != nil || id.Account != "team-b" {
-			t.Errorf("after a failed reload of a %s file the previous table must stay: %+v, %v", name, id, err)
+			t.Errorf("after a failed reload of the %s file the previous table must stay: %+v, %v", name, id, err)
 		}
 	}
 	if err := os.Remove(path); err != nil {
