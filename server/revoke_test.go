@@ -25,8 +25,9 @@ import (
 // TestIdentity_ReloadEndsTheCallsOfRevokedTokens: when a reload removes a
 // token from the file, the calls it has open (a WaitOperation over gRPC and
 // one over REST, both on an operation held so that it cannot end) end with
-// UNAUTHENTICATED, reason CREDENTIALS_REVOKED; another identity's open wait
-// goes on and returns the finished operation.
+// UNAUTHENTICATED, reason CREDENTIALS_REVOKED, and so do those of a token
+// the file now gives another role (the admin made a user); another
+// identity's open wait goes on and returns the finished operation.
 func TestIdentity_ReloadEndsTheCallsOfRevokedTokens(t *testing.T) {
 	b := repotest.Backends(t)[0]
 	reload := make(chan os.Signal)
@@ -88,10 +89,10 @@ func TestIdentity_ReloadEndsTheCallsOfRevokedTokens(t *testing.T) {
 		}()
 		return out
 	}
-	waitA, waitB, restB := grpcWait(tokenA, opA), grpcWait(tokenB, opB), restWait(tokenB, opB)
-	waitFor(t, func() bool { return h.srv.ops.Waiting() == 3 })
+	waitA, waitB, restB, waitAdmin := grpcWait(tokenA, opA), grpcWait(tokenB, opB), restWait(tokenB, opB), grpcWait(tokenAdmin, opB)
+	waitFor(t, func() bool { return h.srv.ops.Waiting() == 4 })
 
-	if err := os.WriteFile(path, []byte(tokenLine(tokenA, "team-a", "user")+tokenLine(tokenAdmin, "ops", "admin")), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(tokenLine(tokenA, "team-a", "user")+tokenLine(tokenAdmin, "ops", "user")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	reload <- syscall.SIGHUP
@@ -114,7 +115,15 @@ func TestIdentity_ReloadEndsTheCallsOfRevokedTokens(t *testing.T) {
 	case <-timeout:
 		t.Fatal("b's open REST wait did not end within a minute of the reload that removed b's token")
 	}
-	// b's calls have returned, so the one wait left is a's.
+	select {
+	case r := <-waitAdmin:
+		if code, reason := codeOf(t, r.err); code != codes.Unauthenticated || reason != service.ReasonCredentialsRevoked {
+			t.Errorf("the admin's open wait after its token became a user's: %v %s (%v); want UNAUTHENTICATED %s", code, reason, r.op, service.ReasonCredentialsRevoked)
+		}
+	case <-timeout:
+		t.Fatal("the admin's open wait did not end within a minute of the reload that made its token a user's")
+	}
+	// The other calls have returned, so the one wait left is a's.
 	if n := h.srv.ops.Waiting(); n != 1 {
 		t.Errorf("%d WaitOperation calls open after the reload; want a's alone", n)
 	}
