@@ -149,14 +149,39 @@ func TestReloadKeepsTheOldTableOnError(t *testing.T) {
 	if id, err := a.Authenticate(Credentials{Authorization: "Bearer new"}); err != nil || id.Account != "team-b" {
 		t.Errorf("new token after reload: %+v, %v", id, err)
 	}
-	if err := os.WriteFile(path, []byte("garbage\n"), 0o600); err != nil {
+	for name, file := range map[string]string{
+		"malformed": "garbage\n",
+		// Loaded, either would lock every caller out.
+		"empty":               "",
+		"comments and blanks": "# every token revoked\n\n",
+	} {
+		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := a.Reload(); err == nil {
+			t.Fatalf("Reload of the %s file succeeded with %d identities", name, n)
+		} else if name != "malformed" && !errors.Is(err, ErrNoIdentities) {
+			t.Errorf("Reload of the %s file: %v; want ErrNoIdentities", name, err)
+		}
+		if id, err := a.Authenticate(Credentials{Authorization: "Bearer new"}); err != nil || id.Account != "team-b" {
+			t.Errorf("after a failed reload of the %s file the previous table must stay: %+v, %v", name, id, err)
+		}
+	}
+	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Reload(); err == nil {
-		t.Fatal("Reload of a malformed file succeeded")
+		t.Fatal("Reload of a missing file succeeded")
 	}
-	if id, err := a.Authenticate(Credentials{Authorization: "Bearer new"}); err != nil || id.Account != "team-b" {
-		t.Errorf("after a failed reload the previous table must stay: %+v, %v", id, err)
+}
+
+func TestNewRefusesATokenFileWithoutIdentities(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte("# nobody yet\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{TokensFile: path}); !errors.Is(err, ErrNoIdentities) {
+		t.Fatalf("New with a file of comments only: %v; want ErrNoIdentities", err)
 	}
 }
 

@@ -22,6 +22,10 @@ var (
 	ErrBadCredentials = errors.New("invalid credentials")
 	// ErrAdminOnly: an authenticated user called an admin-only service.
 	ErrAdminOnly = errors.New("permission denied")
+	// ErrRevoked: a call in progress whose credentials a reload of the
+	// token file removed (or gave another account or role); the server ends
+	// it rather than let it finish on an identity that no longer exists.
+	ErrRevoked = errors.New("credentials revoked")
 )
 
 // HeaderError is a credential header that is not even well-formed (not
@@ -89,7 +93,8 @@ func (a *Authenticator) DevMode() bool {
 }
 
 // Reload reads the token file again (on SIGHUP) and returns how many
-// identities it holds. On error the previous table stays in force.
+// identities it holds. On error, a file with no identity included (see
+// LoadTokens), the previous table stays in force.
 func (a *Authenticator) Reload() (int, error) {
 	if a.cfg.TokensFile == "" {
 		return 0, nil

@@ -5,11 +5,16 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 )
+
+// ErrNoIdentities is a token file with no identity line (empty, or only
+// comments and blank lines).
+var ErrNoIdentities = errors.New("the file holds no identity (a token file needs at least one `sha256:<hex> <account> <role>` line)")
 
 // maxTokenLen bounds a presented token: longer ones are refused before they
 // are hashed.
@@ -31,7 +36,10 @@ type tokenEntry struct {
 // Len is how many identities the table holds.
 func (t *Tokens) Len() int { return len(t.entries) }
 
-// LoadTokens reads a token file (see ParseTokens).
+// LoadTokens reads a token file (see ParseTokens). A file without a single
+// identity is an error like a malformed one: loaded, it would lock every
+// caller out, and it is far likelier a file truncated or emptied by mistake
+// (while being rewritten, say) than an operator's wish.
 func LoadTokens(path string) (*Tokens, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -41,6 +49,9 @@ func LoadTokens(path string) (*Tokens, error) {
 	t, err := ParseTokens(f)
 	if err != nil {
 		return nil, fmt.Errorf("auth tokens %s: %w", path, err)
+	}
+	if t.Len() == 0 {
+		return nil, fmt.Errorf("auth tokens %s: %w", path, ErrNoIdentities)
 	}
 	return t, nil
 }

@@ -33,27 +33,30 @@ var publicPrefixes = []string{"/grpc.health.v1.Health/", "/grpc.reflection.v1.Se
 var adminPrefixes = []string{"/" + clv1.Simulator_ServiceDesc.ServiceName + "/"}
 
 // authenticate returns the identity of a call to method, or the error to
-// answer it with; public methods need none.
-func (s *Server) authenticate(ctx context.Context, method string) (context.Context, error) {
+// answer it with; public methods need none. The call is registered among
+// the open calls until done is called, so that a reload of the token file
+// ends it if its credentials are revoked meanwhile.
+func (s *Server) authenticate(ctx context.Context, method string) (_ context.Context, done func(), _ error) {
 	for _, p := range publicPrefixes {
 		if strings.HasPrefix(method, p) {
-			return ctx, nil
+			return ctx, func() {}, nil
 		}
 	}
 	creds, err := callCredentials(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	id, err := s.auth.Authenticate(creds)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, p := range adminPrefixes {
 		if strings.HasPrefix(method, p) && !id.IsAdmin() {
-			return nil, fmt.Errorf("%w: %s is for admins only", auth.ErrAdminOnly, strings.TrimSuffix(strings.TrimPrefix(p, "/"), "/"))
+			return nil, nil, fmt.Errorf("%w: %s is for admins only", auth.ErrAdminOnly, strings.TrimSuffix(strings.TrimPrefix(p, "/"), "/"))
 		}
 	}
-	return auth.NewContext(ctx, id), nil
+	ctx, done = s.calls.open(ctx, creds, id, s.stillAuthenticates)
+	return auth.NewContext(ctx, id), done, nil
 }
 
 // callCredentials gathers what a call presents: the authorization and
@@ -101,25 +104,40 @@ func callCredentials(ctx context.Context) (auth.Credentials, error) {
 func (s *Server) unaryAuth() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		undecodable := s.codec.take(req)
-		ctx, err := s.authenticate(ctx, info.FullMethod)
+		ctx, done, err := s.authenticate(ctx, info.FullMethod)
 		if err != nil {
 			return nil, err
 		}
+		defer done()
 		if undecodable != nil {
 			return nil, undecodable
 		}
-		return handler(ctx, req)
+		resp, err := handler(ctx, req)
+		if err != nil {
+			if cause := revoked(ctx); cause != nil {
+				return nil, cause
+			}
+			return nil, err
+		}
+		return resp, nil
 	}
 }
 
 // streamAuth is unaryAuth for streams (reflection, health watches).
 func (s *Server) streamAuth() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		ctx, err := s.authenticate(ss.Context(), info.FullMethod)
+		ctx, done, err := s.authenticate(ss.Context(), info.FullMethod)
 		if err != nil {
 			return err
 		}
-		return handler(srv, &authStream{ServerStream: ss, ctx: ctx, codec: s.codec})
+		defer done()
+		if err := handler(srv, &authStream{ServerStream: ss, ctx: ctx, codec: s.codec}); err != nil {
+			if cause := revoked(ctx); cause != nil {
+				return cause
+			}
+			return err
+		}
+		return nil
 	}
 }
 

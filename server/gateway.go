@@ -130,14 +130,16 @@ func answeredHeader(key string) (string, bool) {
 	return runtime.MetadataHeaderPrefix + key, true
 }
 
-// guard checks what the gateway would otherwise pass on blindly: valid
-// UTF-8 in the path, query and headers, a body within maxRESTBody (413
-// beyond), and the client certificate the TLS listener verified, forwarded
-// under verifiedClientHeader in place of anything the client sent there.
+// guard checks what the gateway would otherwise pass on blindly (see
+// checkRequest: header size, encoded colons, UTF-8, headers gRPC metadata
+// cannot carry), a body within maxRESTBody (413 beyond) and declared as
+// JSON (415 otherwise), and the client certificate the TLS listener
+// verified, forwarded under verifiedClientHeader in place of anything the
+// client sent there.
 func guard(mux *runtime.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := checkUTF8(r); err != nil {
-			writeError(mux, w, r, http.StatusBadRequest, err)
+		if code, err := checkRequest(r); err != nil {
+			writeError(mux, w, r, code, err)
 			return
 		}
 		r.Header.Del(verifiedClientHeader)
@@ -154,6 +156,10 @@ func guard(mux *runtime.ServeMux) http.Handler {
 			if err != nil {
 				writeError(mux, w, r, http.StatusBadRequest, &service.InvalidArgumentError{Violations: []service.FieldViolation{{
 					Field: "body", Description: fmt.Sprintf("cannot be read: %v", err)}}})
+				return
+			}
+			if err := checkMediaType(r, body); err != nil {
+				writeError(mux, w, r, http.StatusUnsupportedMediaType, err)
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))

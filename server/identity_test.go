@@ -341,7 +341,10 @@ func TestIdentity_ReloadTokens(t *testing.T) {
 	reload := make(chan os.Signal)
 	tokens := withTokens(t)
 	var path string
-	h := start(t, b, tokens, func(c *Config) { path = c.AuthTokens; c.Reload = reload })
+	logs := &lockedBuffer{}
+	h := start(t, b, tokens, func(c *Config) {
+		path, c.Reload, c.Logger = c.AuthTokens, reload, slog.New(slog.NewTextHandler(logs, nil))
+	})
 	ops := longrunningpb.NewOperationsClient(bareConn(t, h))
 	call := func(token string) codes.Code {
 		_, err := ops.ListOperations(bearerContext(tctx(t), token), &longrunningpb.ListOperationsRequest{})
@@ -358,13 +361,25 @@ func TestIdentity_ReloadTokens(t *testing.T) {
 	if got := call(tokenA); got != codes.Unauthenticated {
 		t.Errorf("a token removed from the file: %v; want UNAUTHENTICATED", got)
 	}
-	if err := os.WriteFile(path, []byte("not a token line\n"), 0o600); err != nil {
-		t.Fatal(err)
+	// A malformed file, and an empty one (which would lock every caller
+	// out), are refused alike, and the log says why.
+	for name, file := range map[string]string{"malformed": "not a token line\n", "empty": "", "comments only": "# all revoked\n"} {
+		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		reload <- syscall.SIGHUP
+		reload <- syscall.SIGHUP
+		if got := call("fresh-token"); got != codes.OK {
+			t.Errorf("after the %s file was reloaded: %v; want the previous table in force", name, got)
+		}
 	}
+	// This send returns once the last reload above is done (and logged).
 	reload <- syscall.SIGHUP
-	reload <- syscall.SIGHUP
-	if got := call("fresh-token"); got != codes.OK {
-		t.Errorf("after a broken file was reloaded: %v; want the previous table in force", got)
+	if got := strings.Count(logs.String(), "reload: auth tokens kept as they were"); got != 6 {
+		t.Errorf("%d log lines say a reload kept the table; want 6 (3 files, 2 reloads each)", got)
+	}
+	if got := strings.Count(logs.String(), "holds no identity"); got != 4 {
+		t.Errorf("%d log lines say the file holds no identity; want 4 (2 files, 2 reloads each)", got)
 	}
 }
 

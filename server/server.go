@@ -111,6 +111,7 @@ type Server struct {
 	cfg      Config
 	log      *slog.Logger
 	auth     *auth.Authenticator
+	calls    *openCalls
 	certs    *certificates
 	codec    *requestCodec
 	store    *repository.Store
@@ -154,7 +155,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: requestLogger(cfg.Logger), codec: newRequestCodec(), gatewayLis: newGatewayListener(), metrics: newMetrics()}
+	s := &Server{cfg: cfg, log: requestLogger(cfg.Logger), codec: newRequestCodec(), calls: newOpenCalls(), gatewayLis: newGatewayListener(), metrics: newMetrics()}
 	var err error
 	if s.certs, err = newCertificates(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA); err != nil {
 		return nil, err
@@ -275,12 +276,14 @@ func (s *Server) tlsConfig() *tls.Config {
 }
 
 // reload reads the token file and the TLS key pair again; what fails to
-// load leaves the previous one in force.
+// load (a token file without identities included) leaves the previous one in
+// force. A token table that loads ends the open calls whose credentials it
+// no longer holds.
 func (s *Server) reload() {
 	if n, err := s.auth.Reload(); err != nil {
 		s.log.Error("reload: auth tokens kept as they were", "error", err)
 	} else if s.cfg.AuthTokens != "" {
-		s.log.Info("reload: auth tokens loaded", "identities", n)
+		s.log.Info("reload: auth tokens loaded", "identities", n, "revoked_calls", s.calls.revoke(s.stillAuthenticates))
 	}
 	if s.certs != nil {
 		if err := s.certs.reload(); err != nil {

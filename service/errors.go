@@ -45,10 +45,17 @@ const (
 	ReasonCredentialsMissing = "CREDENTIALS_MISSING"
 	ReasonCredentialsInvalid = "CREDENTIALS_INVALID"
 	ReasonAdminRequired      = "ADMIN_REQUIRED"
+	// ReasonCredentialsRevoked: a reload of the token file removed the
+	// credentials of a call in progress, which the server ended
+	// (UNAUTHENTICATED).
+	ReasonCredentialsRevoked = "CREDENTIALS_REVOKED"
 	// ReasonMethodNotAllowed and ReasonRequestTooLarge are the REST
 	// gateway's own refusals (HTTP 405 and 413).
 	ReasonMethodNotAllowed = "METHOD_NOT_ALLOWED"
 	ReasonRequestTooLarge  = "REQUEST_TOO_LARGE"
+	// ReasonUnsupportedMediaType: a REST body sent as anything but JSON
+	// (HTTP 415).
+	ReasonUnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE"
 )
 
 // Reasons of a failed or cancelled operation's error (Operation.error): why
@@ -282,6 +289,8 @@ func Status(err error) *status.Status {
 		return build(codes.Unavailable, fmt.Sprintf("step %s failed: %s", step.Step, step.Err.Error()), ReasonStepFailed,
 			map[string]string{"step": step.Step})
 	// Errors of requests.
+	case errors.Is(err, auth.ErrRevoked):
+		return build(codes.Unauthenticated, err.Error(), ReasonCredentialsRevoked, nil)
 	case errors.Is(err, auth.ErrNoCredentials):
 		return build(codes.Unauthenticated, err.Error(), ReasonCredentialsMissing, nil)
 	case errors.Is(err, auth.ErrBadCredentials):

@@ -46,9 +46,11 @@ const (
 // (domain clusterd.dev) with a stable reason: OPERATION_IN_PROGRESS and
 // CONCURRENT_MODIFICATION (ABORTED, retry later), ETAG_MISMATCH (ABORTED),
 // INVALID_STATE_TRANSITION (FAILED_PRECONDITION), INVALID_ARGUMENT (with a
-// google.rpc.BadRequest), NOT_FOUND, ALREADY_EXISTS, CREDENTIALS_MISSING and
-// CREDENTIALS_INVALID (UNAUTHENTICATED), ADMIN_REQUIRED (PERMISSION_DENIED),
-// DATABASE_UNAVAILABLE, SERVER_UNAVAILABLE and SHUTTING_DOWN (UNAVAILABLE).
+// google.rpc.BadRequest), NOT_FOUND, ALREADY_EXISTS, CREDENTIALS_MISSING,
+// CREDENTIALS_INVALID and CREDENTIALS_REVOKED (UNAUTHENTICATED; the last ends
+// a call in progress whose token a reload of the token file removed),
+// ADMIN_REQUIRED (PERMISSION_DENIED), DATABASE_UNAVAILABLE, SERVER_UNAVAILABLE
+// and SHUTTING_DOWN (UNAVAILABLE).
 //
 // The error of an operation that did not succeed (Operation.error) is mapped
 // the same way, with these reasons: STEP_FAILED (UNAVAILABLE; metadata
@@ -219,9 +221,11 @@ func (c *clusterLifecycleClient) ListClusterEvents(ctx context.Context, in *List
 // (domain clusterd.dev) with a stable reason: OPERATION_IN_PROGRESS and
 // CONCURRENT_MODIFICATION (ABORTED, retry later), ETAG_MISMATCH (ABORTED),
 // INVALID_STATE_TRANSITION (FAILED_PRECONDITION), INVALID_ARGUMENT (with a
-// google.rpc.BadRequest), NOT_FOUND, ALREADY_EXISTS, CREDENTIALS_MISSING and
-// CREDENTIALS_INVALID (UNAUTHENTICATED), ADMIN_REQUIRED (PERMISSION_DENIED),
-// DATABASE_UNAVAILABLE, SERVER_UNAVAILABLE and SHUTTING_DOWN (UNAVAILABLE).
+// google.rpc.BadRequest), NOT_FOUND, ALREADY_EXISTS, CREDENTIALS_MISSING,
+// CREDENTIALS_INVALID and CREDENTIALS_REVOKED (UNAUTHENTICATED; the last ends
+// a call in progress whose token a reload of the token file removed),
+// ADMIN_REQUIRED (PERMISSION_DENIED), DATABASE_UNAVAILABLE, SERVER_UNAVAILABLE
+// and SHUTTING_DOWN (UNAVAILABLE).
 //
 // The error of an operation that did not succeed (Operation.error) is mapped
 // the same way, with these reasons: STEP_FAILED (UNAVAILABLE; metadata
