@@ -60,8 +60,13 @@ func TestOperationsRideOutADatabaseOutage(t *testing.T) {
 
 // TestOperationsRideOutAGaleraNodeOutage is the same on a Galera cluster:
 // the node the server uses is killed (-9) and rejoins after the outage,
-// while its two peers keep the primary component.
+// while its two peers keep the primary component. It runs only when
+// CLUSTERD_CHAOS_DB_OUTAGES is set (make chaos-galera): a private Galera
+// cluster and a node's rejoin take minutes here, too long for make test.
 func TestOperationsRideOutAGaleraNodeOutage(t *testing.T) {
+	if os.Getenv("CLUSTERD_CHAOS_DB_OUTAGES") == "" {
+		t.Skip("CLUSTERD_CHAOS_DB_OUTAGES is not set: make chaos-galera runs this test")
+	}
 	t.Parallel()
 	g := startPrivateGalera(t, 7306)
 	for i, down := range dbOutages(t) {
