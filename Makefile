@@ -115,21 +115,27 @@ clients: build tools
 ## 3 clusterd processes on a private MariaDB, 16 clients, 20 clusters, a
 ## process SIGKILLed and restarted every ~20s, a SIGSTOP longer than the peer
 ## timeout, a MariaDB restart; then the invariant checker and the figures.
-## make test runs a 40s variant of it.
+## Beside it, six creates on one server through a private MariaDB killed
+## (-9) for each of CLUSTERD_CHAOS_DB_OUTAGES (default 5s, 40s and 3m): none
+## may fail. make test runs a 40s soak and the 5s outage.
 chaos:
 	set -o pipefail; CLUSTERD_CHAOS_DURATION=$${CLUSTERD_CHAOS_DURATION:-5m} \
-	  go test -count=1 -timeout 30m -run '^TestChaos$$' -v ./e2e 2>&1 | grep -vE '^\s*=== (RUN|PAUSE|CONT)'
+	CLUSTERD_CHAOS_DB_OUTAGES=$${CLUSTERD_CHAOS_DB_OUTAGES:-5s,40s,3m} \
+	  go test -count=1 -timeout 30m -run '^(TestChaos|TestOperationsRideOutADatabaseOutage)$$' -v ./e2e 2>&1 | grep -vE '^\s*=== (RUN|PAUSE|CONT)'
 
 ## chaos-galera: on 3-node Galera clusters (scripts/galera.sh): the
 ## cross-primary races at 1,000 rounds, through the repository and through
-## two servers, a node out of the primary component, and the 5-minute chaos
+## two servers, a node out of the primary component, the 5-minute chaos
 ## soak with its servers spread over the nodes and a node killed and
-## rejoined. make test runs short variants.
+## rejoined, and six creates through the server's node killed (-9) for each
+## of CLUSTERD_CHAOS_DB_OUTAGES (default 5s, 40s and 3m). make test runs
+## short variants.
 chaos-galera: build
 	bash scripts/galera.sh start
 	set -o pipefail; CLUSTERD_TEST_GALERA_DSNS=$$(for n in 1 2 3; do bash scripts/galera.sh dsn $$n; done | paste -sd,) \
 	CLUSTERD_GALERA_RACE_ROUNDS=$${CLUSTERD_GALERA_RACE_ROUNDS:-1000} CLUSTERD_CHAOS_DURATION=$${CLUSTERD_CHAOS_DURATION:-5m} \
-	  go test -count=1 -timeout 60m -run '^(TestClaimRaceAcrossNodes|TestCrossPrimaryRaces|TestGaleraNodeOutOfPrimary|TestChaosGalera)$$' -v ./repository ./e2e 2>&1 \
+	CLUSTERD_CHAOS_DB_OUTAGES=$${CLUSTERD_CHAOS_DB_OUTAGES:-5s,40s,3m} \
+	  go test -count=1 -timeout 60m -run '^(TestClaimRaceAcrossNodes|TestCrossPrimaryRaces|TestGaleraNodeOutOfPrimary|TestChaosGalera|TestOperationsRideOutAGaleraNodeOutage)$$' -v ./repository ./e2e 2>&1 \
 	  | grep -vE '^\s*=== (RUN|PAUSE|CONT)'
 
 ## bench: each service path beside its raw-SQL baseline, same process and

@@ -63,18 +63,38 @@ func EncodePlain(cause error) string {
 	return string(b)
 }
 
+// interrupted reports whether a job that did not succeed was stopped by
+// something other than its own work, and so is handed off (Config.HandOff)
+// to run on rather than failed: Shutdown, the loss of the lease, or a
+// database that did not answer one of its steps' writes (a restart, a
+// failover; the job's deadline had not passed, or classify would say so).
+// The database is back by the time the hand-off is written, and whichever
+// server adopts the job first runs it on from its last recorded step.
+func interrupted(cause error) bool {
+	return errors.Is(cause, ErrShutdown) || errors.Is(cause, ErrLeaseLost) || errors.Is(cause, repository.ErrUnavailable)
+}
+
+// budget is how long a job may take to record its end or its hand-off
+// through a database outage: until its deadline, since the operation was
+// accepted for that long, and at least FinishTimeout, so a job past its
+// deadline still records why it ended. Abort cuts it short.
+func (r *Runner) budget(j repository.Job) time.Duration {
+	return max(r.finishTimeout, time.Until(j.Deadline))
+}
+
 // finish is the one place a job ends. It writes the job's end and the
 // cluster's release in one FinishJob, on a context that survives the job's
 // cancellation, and returns the final row and whether this runner wrote it.
 // A transient database failure (repository.ErrUnavailable) does not end it:
 // the release is worked out and the end written again, with backoff, until
-// the job's finish budget (FinishTimeout) is spent or Abort is called.
+// the job's budget (its deadline, at least FinishTimeout) is spent or Abort
+// is called.
 func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Progress, out Outcome, runErr error) (repository.Job, bool) {
 	if errors.Is(runErr, ErrJobEnded) {
 		log.Debug("job ended elsewhere; not finishing it again", "err", runErr)
 		return repository.Job{}, false
 	}
-	ctx, cancel := context.WithTimeout(r.finishCtx, r.finishTimeout)
+	ctx, cancel := context.WithTimeout(r.finishCtx, r.budget(t.Job))
 	defer cancel()
 
 	// The job as this runner knows it, which FinishJob returns as ended
@@ -91,14 +111,14 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 		}
 	} else {
 		e := classify(jobCtx, t.Job.Deadline, runErr)
-		if r.handOff && (errors.Is(e.cause, ErrShutdown) || errors.Is(e.cause, ErrLeaseLost)) && r.handOffJob(log, t, p, e.cause) {
+		if r.handOff && interrupted(e.cause) && r.handOffJob(log, t, p, e.cause) {
 			return repository.Job{}, false
 		}
 		f.Status, f.Error, cause = e.status, r.encode(e.cause), e.cause
 		log.Info("job did not succeed", "status", e.status, "cause", e.cause, "err", runErr)
 	}
 
-	backoff := 100 * time.Millisecond
+	backoff := firstRetryPause
 	for attempt := 1; ; attempt++ {
 		var err error
 		if cause != nil {
@@ -131,14 +151,14 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 				timer.Stop()
 			case <-timer.C:
 			}
-			backoff = min(2*backoff, 2*time.Second)
+			backoff = min(2*backoff, maxRetryPause)
 			continue
 		}
 		// The job may stay IN_PROGRESS, owned by this live server, holding its
 		// cluster: the scanner fails a job its runner no longer runs (SPEC
 		// §5), and peers fail it once this server is gone; logged as an
 		// error for an operator.
-		log.Error("finish job: gave up", "status", f.Status, "attempts", attempt, "err", err, "budget", r.finishTimeout)
+		log.Error("finish job: gave up", "status", f.Status, "attempts", attempt, "err", err, "budget", r.budget(t.Job))
 		return repository.Job{}, false
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/clusterd/clusterd/repository"
 )
@@ -20,6 +22,7 @@ type Progress struct {
 	jobID   string
 	attempt int32
 	lease   Lease
+	log     *slog.Logger
 	// base is the steps an earlier attempt finished (an adopted job): this
 	// attempt's steps count on from there.
 	base int32
@@ -33,8 +36,8 @@ type Progress struct {
 // newProgress is the progress of job j's attempt: it writes at j's attempt
 // (so it stops once another server adopts the job) and counts on from the
 // steps j had finished when this attempt began.
-func newProgress(store Store, j repository.Job, lease Lease) *Progress {
-	return &Progress{store: store, jobID: j.ID, attempt: j.Attempt, lease: lease, base: j.StepsDone, total: max(0, j.StepsTotal-j.StepsDone)}
+func newProgress(store Store, j repository.Job, lease Lease, log *slog.Logger) *Progress {
+	return &Progress{store: store, jobID: j.ID, attempt: j.Attempt, lease: lease, log: log, base: j.StepsDone, total: max(0, j.StepsTotal-j.StepsDone)}
 }
 
 // Step records that the job starts step name (e.g. "power_on"): the previous
@@ -51,8 +54,18 @@ func newProgress(store Store, j repository.Job, lease Lease) *Progress {
 //   - an error wrapping ErrLeaseLost if this server's lease has lapsed (its
 //     heartbeat is older than the peer timeout): peers may have failed the
 //     job already and be recovering its cluster, so it must not go on;
-//   - any other error when the row could not be written (the database did
-//     not answer): stop, since neither cancellation nor recovery can be seen.
+//   - any other error when the row could not be written: stop, since
+//     neither cancellation nor recovery can be seen.
+//
+// A database that does not answer (repository.ErrUnavailable: a restart, a
+// failover) does not stop the job: the write is made again, with backoff,
+// while this server holds its lease and the job's context (its deadline) is
+// alive, and the job goes on once it is written. The write is conditioned on
+// the job's attempt, so if a peer adopted the job meanwhile it is refused
+// (ErrJobEnded) and this run stops before its step. Once the lease lapses
+// (the outage outlasted the peer timeout) Step returns ErrLeaseLost: the
+// runner then hands the job off (Config.HandOff) as soon as the database
+// answers, for this server or a peer to adopt and run on from this step.
 func (p *Progress) Step(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("job %s: before step %s: %w", p.jobID, name, err)
@@ -68,9 +81,11 @@ func (p *Progress) Step(ctx context.Context, name string) error {
 	p.step = name
 	p.mu.Unlock()
 
-	job, err := p.store.RecordProgress(ctx, p.jobID, rec)
+	job, err := p.record(ctx, name, rec)
 	var ended *repository.JobConflictError
 	switch {
+	case errors.Is(err, ErrLeaseLost):
+		return err
 	case errors.As(err, &ended):
 		return fmt.Errorf("job %s: step %s: %w: %w", p.jobID, name, ErrJobEnded, err)
 	case err != nil && ctx.Err() != nil:
@@ -109,4 +124,48 @@ func (p *Progress) final() (rec repository.Progress, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return repository.Progress{Step: p.step, StepsDone: p.base + p.started, StepsTotal: p.base + p.total, Attempt: p.attempt}, p.started > 0
+}
+
+// Backoff of a write retried through a database outage: the first retry
+// soon (most outages are a dropped connection), then no more often than
+// every maxRetryPause.
+const (
+	firstRetryPause = 100 * time.Millisecond
+	maxRetryPause   = 2 * time.Second
+)
+
+// record writes the step's progress, again and again while the database
+// does not answer, this server holds its lease and ctx is alive (see Step).
+func (p *Progress) record(ctx context.Context, name string, rec repository.Progress) (repository.Job, error) {
+	pause := firstRetryPause
+	for attempt := 1; ; attempt++ {
+		job, err := p.store.RecordProgress(ctx, p.jobID, rec)
+		if err == nil || !errors.Is(err, repository.ErrUnavailable) || ctx.Err() != nil {
+			return job, err
+		}
+		if attempt == 1 {
+			p.log.Warn("could not record the job's step: the database is unavailable; waiting for it", "step", name, "err", err)
+		}
+		if err := pauseFor(ctx, pause); err != nil {
+			return job, err
+		}
+		pause = min(2*pause, maxRetryPause)
+		if p.lease != nil {
+			if lerr := p.lease.Check(); lerr != nil {
+				return job, fmt.Errorf("job %s: step %s: the database did not answer for %d attempts: %w: %w", p.jobID, name, attempt, ErrLeaseLost, lerr)
+			}
+		}
+	}
+}
+
+// pauseFor waits d, or returns ctx's error as soon as ctx is done.
+func pauseFor(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

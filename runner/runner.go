@@ -12,9 +12,14 @@
 //   - it records each step on the job row (Progress.Step), and in the same
 //     round trip learns whether a cancellation was requested, possibly
 //     through another server, and whether recovery already ended the job;
+//   - it rides out a database outage (a restart, a failover): a step's write
+//     is made again until the database answers, and a job whose lease
+//     lapsed meanwhile, or whose work met the outage, is handed off once
+//     the database is back (Config.HandOff), for this server or a peer to
+//     run on from its last recorded step, all within the job's deadline;
 //   - it ends the job and releases the cluster in one transaction
 //     (repository.Store.FinishJob), exactly once, in one place, retrying
-//     through a transient database outage within the job's finish budget;
+//     through a transient database outage until the job's deadline;
 //   - Shutdown cancels the running jobs, ends them, and waits for them.
 //
 // # Job errors
@@ -155,13 +160,14 @@ type Config struct {
 	// polling. It is not called for jobs someone else ended. It runs on the
 	// job's goroutine and must not block.
 	OnDone func(job repository.Job)
-	// FinishTimeout is a job's budget for recording its end, Release
-	// included (default 30s). The writes run on a context that survives the
-	// job's cancellation, so that a cancelled or timed-out job still records
-	// its end, and they are retried through a transient database outage
+	// FinishTimeout is the least budget a job has for recording its end or
+	// its hand-off, Release included (default 30s); a job whose deadline is
+	// further away has until its deadline, since it was accepted for that
+	// long. The writes run on a context that survives the job's
+	// cancellation, so that a cancelled or timed-out job still records its
+	// end, and they are retried through a transient database outage
 	// (repository.ErrUnavailable: a restart, a failover) until the budget is
-	// spent; the bound keeps Shutdown from waiting forever on a dead
-	// database.
+	// spent or Abort is called (a shutdown out of time).
 	FinishTimeout time.Duration
 	// Lease, optional, says whether this server may still act; jobs stop at
 	// their next step when it does not (see ErrLeaseLost).
@@ -171,10 +177,12 @@ type Config struct {
 	// of a google.rpc.Status with its ErrorInfo: one mapping, the service's,
 	// for operations and RPCs alike. Nil stores the code and message only.
 	Encode func(cause error) string
-	// HandOff makes a job interrupted by Shutdown or by the loss of the
-	// lease hand itself off (Store.HandOffJob) at the step boundary where it
-	// stopped, instead of failing: it stays IN_PROGRESS, holding its
-	// cluster, for a live server to adopt and run on (SPEC §5 step 4).
+	// HandOff makes a job interrupted by Shutdown, by the loss of the lease
+	// or by a database outage (its work returned repository.ErrUnavailable
+	// before its deadline) hand itself off (Store.HandOffJob) at the step
+	// boundary where it stopped, instead of failing: it stays IN_PROGRESS,
+	// holding its cluster, for a live server (this one too, once its lease
+	// is back) to adopt and run on (SPEC §5 step 4).
 	// Without it such a job ends FAILED (UNAVAILABLE) and its cluster is
 	// released to the failure state.
 	HandOff bool
@@ -366,7 +374,7 @@ func (r *Runner) run(t Task) {
 
 	jobCtx, cancel := context.WithDeadline(r.ctx, t.Job.Deadline)
 	defer cancel()
-	p := newProgress(r.store, t.Job, r.lease)
+	p := newProgress(r.store, t.Job, r.lease, log)
 
 	out, err := r.call(jobCtx, log, t, p)
 	final, ok := r.finish(jobCtx, log, t, p, out, err)
