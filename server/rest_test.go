@@ -163,7 +163,7 @@ func TestOpenAPIValidator(t *testing.T) {
 // documentedErrors are the HTTP statuses every /v1 route of /openapi.json
 // declares, each a google.rpc.Status: what clusterd answers with (see the
 // status mapping in service.Status and the gateway's own refusals).
-var documentedErrors = []int{400, 401, 403, 404, 409, 413, 500, 503}
+var documentedErrors = []int{400, 401, 403, 404, 409, 413, 415, 431, 500, 503}
 
 // TestOpenAPIAuthAndErrors checks that /openapi.json tells a generated
 // client how to authenticate and what errors look like: a bearer scheme in

@@ -1837,14 +1837,14 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"name,nodes\x82\xd3\xe4\x93\x02&:\x01*\"!/v1/{name=clusters/*}:removeNodes\x12\xac\x01\n" +
 	"\rDeleteCluster\x12).clusterlifecycle.v1.DeleteClusterRequest\x1a\x1d.google.longrunning.Operation\"Q\xcaA*\n" +
 	"\x15google.protobuf.Empty\x12\x11OperationMetadata\xdaA\x04name\x82\xd3\xe4\x93\x02\x17*\x15/v1/{name=clusters/*}\x12\xa3\x01\n" +
-	"\x11ListClusterEvents\x12-.clusterlifecycle.v1.ListClusterEventsRequest\x1a..clusterlifecycle.v1.ListClusterEventsResponse\"/\xdaA\x06parent\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{parent=clusters/*}/eventsB\xf6\x1a\x92A\xee\x19\x12\x8a\x04\n" +
+	"\x11ListClusterEvents\x12-.clusterlifecycle.v1.ListClusterEventsRequest\x1a..clusterlifecycle.v1.ListClusterEventsResponse\"/\xdaA\x06parent\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{parent=clusters/*}/eventsB\xd7\x1d\x92A\xcf\x1c\x12\x8a\x04\n" +
 	"\fclusterd API\x12\xf5\x03clusterd runs the lifecycle of Kubernetes clusters. Mutations return a google.longrunning.Operation at once: follow it with GET /v1/operations/{id} or POST /v1/operations/{id}:wait until `done`; its `metadata` is an OperationMetadata (step and progress) and its `response` the Cluster. Errors are google.rpc.Status values whose `details` carry a google.rpc.ErrorInfo (domain clusterd.dev, stable `reason` such as OPERATION_IN_PROGRESS) and, for invalid input, a google.rpc.BadRequest naming the field.2\x02v1*\x02\x01\x022\x10application/json:\x10application/jsonR\xad\x05\n" +
 	"\x03400\x12\xa5\x05\n" +
 	"\xd7\x01The request is invalid: a field's value (INVALID_ARGUMENT, with a google.rpc.BadRequest naming each field), or the cluster is not in a state the operation starts from (FAILED_PRECONDITION, INVALID_STATE_TRANSITION).\x12\x16\n" +
 	"\x14\x1a\x12.google.rpc.Status\"\xb0\x03\n" +
-	"\x10application/json\x12\x9b\x03{\"code\": 3, \"message\": \"invalid argument: cluster.worker_node_count: must be at least 1, got 0\", \"details\": [{\"@type\": \"type.googleapis.com/google.rpc.ErrorInfo\", \"reason\": \"INVALID_ARGUMENT\", \"domain\": \"clusterd.dev\", \"metadata\": {}}, {\"@type\": \"type.googleapis.com/google.rpc.BadRequest\", \"fieldViolations\": [{\"field\": \"cluster.worker_node_count\", \"description\": \"must be at least 1, got 0\", \"reason\": \"\"}]}]}R\xd3\x01\n" +
-	"\x03401\x12\xcb\x01\n" +
-	"\xb0\x01No credentials (UNAUTHENTICATED, CREDENTIALS_MISSING) or credentials clusterd does not know (CREDENTIALS_INVALID); the answer carries WWW-Authenticate: Bearer realm=\"clusterd\".\x12\x16\n" +
+	"\x10application/json\x12\x9b\x03{\"code\": 3, \"message\": \"invalid argument: cluster.worker_node_count: must be at least 1, got 0\", \"details\": [{\"@type\": \"type.googleapis.com/google.rpc.ErrorInfo\", \"reason\": \"INVALID_ARGUMENT\", \"domain\": \"clusterd.dev\", \"metadata\": {}}, {\"@type\": \"type.googleapis.com/google.rpc.BadRequest\", \"fieldViolations\": [{\"field\": \"cluster.worker_node_count\", \"description\": \"must be at least 1, got 0\", \"reason\": \"\"}]}]}R\xa3\x02\n" +
+	"\x03401\x12\x9b\x02\n" +
+	"\x80\x02No credentials (UNAUTHENTICATED, CREDENTIALS_MISSING), credentials clusterd does not know (CREDENTIALS_INVALID), or credentials revoked by a reload while the call was open (CREDENTIALS_REVOKED); the answer carries WWW-Authenticate: Bearer realm=\"clusterd\".\x12\x16\n" +
 	"\x14\x1a\x12.google.rpc.StatusR\xce\x01\n" +
 	"\x03403\x12\xc6\x01\n" +
 	"\xab\x01The caller may not call this route (PERMISSION_DENIED, ADMIN_REQUIRED): the Simulator routes are for admins only. Another account's cluster or operation is 404, never 403.\x12\x16\n" +
@@ -1858,6 +1858,12 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x10application/json\x12\xcb\x03{\"code\": 10, \"message\": \"another operation is in progress on clusters/0193a5c2-7c1e-7d2f-9a1b-3c4d5e6f7a8b: operations/0193a5c2-8d00-7a11-b2c3-d4e5f6a7b8c9; please retry once it has finished\", \"details\": [{\"@type\": \"type.googleapis.com/google.rpc.ErrorInfo\", \"reason\": \"OPERATION_IN_PROGRESS\", \"domain\": \"clusterd.dev\", \"metadata\": {\"cluster\": \"clusters/0193a5c2-7c1e-7d2f-9a1b-3c4d5e6f7a8b\", \"operation\": \"operations/0193a5c2-8d00-7a11-b2c3-d4e5f6a7b8c9\"}}]}Rp\n" +
 	"\x03413\x12i\n" +
 	"OThe request body is larger than 64 KiB (RESOURCE_EXHAUSTED, REQUEST_TOO_LARGE).\x12\x16\n" +
+	"\x14\x1a\x12.google.rpc.StatusR\x8f\x01\n" +
+	"\x03415\x12\x87\x01\n" +
+	"mThe request has a body whose Content-Type is not application/json (INVALID_ARGUMENT, UNSUPPORTED_MEDIA_TYPE).\x12\x16\n" +
+	"\x14\x1a\x12.google.rpc.StatusR}\n" +
+	"\x03431\x12v\n" +
+	"\\The request line and headers are larger than 64 KiB (RESOURCE_EXHAUSTED, REQUEST_TOO_LARGE).\x12\x16\n" +
 	"\x14\x1a\x12.google.rpc.StatusRs\n" +
 	"\x03500\x12l\n" +
 	"RAn internal error (INTERNAL); the cause is in the server's log, not in the answer.\x12\x16\n" +
