@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
@@ -511,6 +514,36 @@ func TestRecordProgressAndCancel(t *testing.T) {
 		var jc *repository.JobConflictError
 		if !errors.As(err, &jc) || jc.Status != repository.JobCancelled {
 			t.Errorf("progress of an ended job: err = %v; want JobConflictError(CANCELLED)", err)
+		}
+	})
+}
+
+// CancelRequested names, of the ids asked about, the running jobs with a
+// cancel requested: not a running job without one, not a cancelled job that
+// already ended, not an id that names no job.
+func TestCancelRequestedAmongRunningJobs(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		_, asked := create(t, s, "asked")
+		_, quiet := create(t, s, "quiet")
+		_, ended := create(t, s, "ended")
+		ids := []string{asked.ID, quiet.ID, ended.ID, uuid.NewString()}
+		if got, err := s.CancelRequested(ctx, ids); err != nil || len(got) != 0 {
+			t.Fatalf("CancelRequested before any cancel = %v, %v; want none", got, err)
+		}
+		for _, id := range []string{asked.ID, ended.ID} {
+			if _, err := s.RequestCancel(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.FinishJob(ctx, repository.Finish{JobID: ended.ID, Status: repository.JobCancelled}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.CancelRequested(ctx, ids); err != nil || !slices.Equal(got, []string{asked.ID}) {
+			t.Errorf("CancelRequested = %v, %v; want only %s (running, cancel requested)", got, err, asked.ID)
+		}
+		if got, err := s.CancelRequested(ctx, nil); err != nil || len(got) != 0 {
+			t.Errorf("CancelRequested of no ids = %v, %v; want none", got, err)
 		}
 	})
 }

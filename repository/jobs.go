@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"gorm.io/gorm"
@@ -247,6 +248,26 @@ func (s *Store) RequestCancel(ctx context.Context, jobID string) (Job, error) {
 		return Job{}, fmt.Errorf("cancel job %s: %w", jobID, err)
 	}
 	return s.GetJob(ctx, jobID)
+}
+
+// CancelRequested returns which of the jobs ids are IN_PROGRESS with a
+// cancellation requested, in one query per thousand ids: a runner asks it of
+// the jobs it runs, so that a cancel sent through another server reaches a
+// step in flight (runner.Config.WatchCancels) rather than waiting for the
+// job's next step.
+func (s *Store) CancelRequested(ctx context.Context, ids []string) ([]string, error) {
+	var out []string
+	for chunk := range slices.Chunk(ids, 1000) {
+		var found []string
+		err := s.rdb.WithContext(ctx).Model(&jobRow{}).
+			Where("id IN ? AND status = ? AND cancel_requested = ?", chunk, string(JobInProgress), true).
+			Order("id").Pluck("id", &found).Error
+		if err != nil {
+			return nil, fmt.Errorf("read cancellations of %d jobs: %w", len(ids), classify(err))
+		}
+		out = append(out, found...)
+	}
+	return out, nil
 }
 
 // Finish is how a job ends.

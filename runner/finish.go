@@ -30,12 +30,15 @@ type ending struct {
 }
 
 // classify decides how a job whose Run returned err ends. The order matters:
-// the job's own word (cancelled, panicked) comes before the state of its
-// context, which explains any other error returned once the context is done.
+// a cancellation (seen by Step, or the cause of the job context's end, whose
+// step in flight then returns ctx's error or whatever its interruption
+// made) and the job's own word (lease lost, panicked) come before the state
+// of its context, which explains any other error returned once the context
+// is done.
 func classify(jobCtx context.Context, deadline time.Time, err error) ending {
 	var pe *panicError
 	switch {
-	case errors.Is(err, ErrCancelled):
+	case errors.Is(err, ErrCancelled), errors.Is(context.Cause(jobCtx), ErrCancelled):
 		return ending{repository.JobCancelled, ErrCancelled}
 	case errors.Is(err, ErrLeaseLost):
 		return ending{repository.JobFailed, ErrLeaseLost}
@@ -45,7 +48,8 @@ func classify(jobCtx context.Context, deadline time.Time, err error) ending {
 		errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(deadline):
 		return ending{repository.JobFailed, ErrDeadline}
 	case jobCtx.Err() != nil:
-		// The job's context has no other canceller than Shutdown.
+		// The job's context has no other canceller than Shutdown and
+		// Cancel (above).
 		return ending{repository.JobFailed, ErrShutdown}
 	}
 	return ending{repository.JobFailed, err}

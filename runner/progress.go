@@ -12,11 +12,11 @@ import (
 )
 
 // Progress is a running job's handle on its own row. Cancellation is a flag
-// on that row rather than a context cancel because CancelOperation may be
-// served by another server than the one running the job; the job learns of
-// it when it records its next step, in the same round trip, and stops between
-// steps, never in the middle of one (a half-done infrastructure step is worse
-// than a finished one). It is safe for concurrent use.
+// on that row because CancelOperation may be served by another server than
+// the one running the job; the job learns of it when it records its next
+// step, in the same round trip, and, sooner, when its runner cancels the
+// job's context on seeing the flag (Runner.Cancel, Config.WatchCancels), which
+// ends a step in flight. It is safe for concurrent use.
 type Progress struct {
 	store   Store
 	jobID   string
@@ -45,8 +45,8 @@ func newProgress(store Store, j repository.Job, lease Lease, log *slog.Logger) *
 // this one, and the step, steps done and total are written to the job row.
 // It returns
 //
-//   - ErrCancelled if the job has CancelRequested (SPEC §4): stop and return
-//     it; the job ends CANCELLED;
+//   - ErrCancelled if the job has CancelRequested (SPEC §4), or its context
+//     was cancelled for it: stop and return it; the job ends CANCELLED;
 //   - an error wrapping ErrJobEnded (and the store's error) if the job is no
 //     longer IN_PROGRESS (recovery ended it) or another server adopted it
 //     (a later attempt runs it): stop; the runner writes nothing more;
@@ -67,8 +67,9 @@ func newProgress(store Store, j repository.Job, lease Lease, log *slog.Logger) *
 // runner then hands the job off (Config.HandOff) as soon as the database
 // answers, for this server or a peer to adopt and run on from this step.
 func (p *Progress) Step(ctx context.Context, name string) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("job %s: before step %s: %w", p.jobID, name, err)
+	if ctx.Err() != nil {
+		// Why: ErrCancelled, or the deadline's or Shutdown's error.
+		return fmt.Errorf("job %s: before step %s: %w", p.jobID, name, context.Cause(ctx))
 	}
 	if p.lease != nil {
 		if err := p.lease.Check(); err != nil {
@@ -89,7 +90,7 @@ func (p *Progress) Step(ctx context.Context, name string) error {
 	case errors.As(err, &ended):
 		return fmt.Errorf("job %s: step %s: %w: %w", p.jobID, name, ErrJobEnded, err)
 	case err != nil && ctx.Err() != nil:
-		return fmt.Errorf("job %s: step %s: %w", p.jobID, name, ctx.Err())
+		return fmt.Errorf("job %s: step %s: %w", p.jobID, name, context.Cause(ctx))
 	case err != nil:
 		return fmt.Errorf("job %s: step %s: %w", p.jobID, name, err)
 	case job.Status.Done():

@@ -17,6 +17,10 @@
 //     lapsed meanwhile, or whose work met the outage, is handed off once
 //     the database is back (Config.HandOff), for this server or a peer to
 //     run on from its last recorded step, all within the job's deadline;
+//   - it cancels the job's context when a cancellation is requested (Cancel,
+//     on the server that served CancelOperation; Config.WatchCancels, for a
+//     request served by another server), so a step in flight, a held or slow
+//     one included, ends at once rather than at its end;
 //   - it ends the job and releases the cluster in one transaction
 //     (repository.Store.FinishJob), exactly once, in one place, retrying
 //     through a transient database outage until the job's deadline;
@@ -67,6 +71,9 @@ type Store interface {
 	// HandOffJob lets go of a running job, still IN_PROGRESS and holding its
 	// cluster, for another server to adopt (Config.HandOff).
 	HandOffJob(ctx context.Context, h repository.HandOff) (repository.Job, error)
+	// CancelRequested returns which of the jobs ids are IN_PROGRESS with a
+	// cancellation requested (Config.WatchCancels).
+	CancelRequested(ctx context.Context, ids []string) ([]string, error)
 }
 
 // Task is one claimed job and the work to do for it. The claim must have
@@ -79,8 +86,10 @@ type Task struct {
 	// Run does the work. It calls p.Step before each step, and stops when
 	// Step returns an error (returning it, wrapped or not). On success it
 	// returns the outcome. Run's ctx carries the job's deadline and is
-	// cancelled by Shutdown; it is not cancelled by a cancellation request,
-	// which Run sees at its next Step so that a step is never cut in half.
+	// cancelled by Shutdown and by a cancellation request (its cause is then
+	// ErrCancelled), so the step in flight must end promptly on it, having
+	// changed nothing or something a rerun finds done: every step is
+	// idempotent and fenced (SPEC §6), so this is no worse than a crash.
 	Run func(ctx context.Context, p *Progress) (Outcome, error)
 	// Release builds the cluster transition that ends the job when it did not
 	// succeed (failure, cancellation, deadline, shutdown, panic); cause says
@@ -108,8 +117,9 @@ type Outcome struct {
 // Errors the runner returns, or gives to Task.Release as the cause of a job's
 // end, so callers can tell the reasons apart with errors.Is.
 var (
-	// ErrCancelled: the job's row has CancelRequested (SPEC §4, Cancel is
-	// cooperative). Progress.Step returns it; the job ends CANCELLED.
+	// ErrCancelled: the job's row has CancelRequested (SPEC §4). It is the
+	// cause of the job context's cancellation, and Progress.Step returns it;
+	// the job ends CANCELLED.
 	ErrCancelled = errors.New("operation cancelled")
 	// ErrJobEnded: the job's row is no longer IN_PROGRESS because someone
 	// else (recovery, on this server or another) ended it. Progress.Step
@@ -177,6 +187,13 @@ type Config struct {
 	// of a google.rpc.Status with its ErrorInfo: one mapping, the service's,
 	// for operations and RPCs alike. Nil stores the code and message only.
 	Encode func(cause error) string
+	// WatchCancels, when positive, is how often the runner asks the database
+	// which of its jobs have a cancellation requested, so that a cancel
+	// served by another server reaches the step in flight within about that
+	// long (one query per interval for all the jobs, and none while no job
+	// runs). Zero leaves such a cancel to the job's next Step; a cancel of a
+	// job of this process is seen at once through Cancel either way.
+	WatchCancels time.Duration
 	// HandOff makes a job interrupted by Shutdown, by the loss of the lease
 	// or by a database outage (its work returned repository.ErrUnavailable
 	// before its deadline) hand itself off (Store.HandOffJob) at the step
@@ -207,6 +224,7 @@ type Runner struct {
 	lease         Lease
 	encode        func(error) string
 	handOff       bool
+	watchEvery    time.Duration
 
 	// ctx is the parent of every job's context. It belongs to the runner, not
 	// to any request, and only Shutdown cancels it.
@@ -220,9 +238,13 @@ type Runner struct {
 
 	mu      sync.Mutex
 	stopped bool
-	// running maps the jobs of this process to whether their goroutine
-	// started (false: reserved by a claim that has not committed yet).
-	running map[string]bool
+	// running maps the jobs of this process to the cancellation of their
+	// context once started (nil: reserved by a claim that has not committed
+	// yet).
+	running map[string]context.CancelCauseFunc
+	// watching says whether the goroutine of Config.WatchCancels runs; it
+	// runs while jobs do.
+	watching bool
 }
 
 // New returns a Runner ready to Start tasks.
@@ -249,11 +271,12 @@ func New(cfg Config) *Runner {
 		lease:         cfg.Lease,
 		encode:        encode,
 		handOff:       cfg.HandOff,
+		watchEvery:    cfg.WatchCancels,
 		ctx:           ctx,
 		cancel:        cancel,
 		finishCtx:     finishCtx,
 		abortFinish:   abort,
-		running:       map[string]bool{},
+		running:       map[string]context.CancelCauseFunc{},
 	}
 }
 
@@ -276,14 +299,90 @@ func (r *Runner) Start(t Task) error {
 	if r.stopped {
 		return fmt.Errorf("start job %s: %w", t.Job.ID, ErrStopped)
 	}
-	if r.running[t.Job.ID] {
+	if r.running[t.Job.ID] != nil {
 		return fmt.Errorf("start job %s: already running", t.Job.ID)
 	}
-	r.running[t.Job.ID] = true
+	// The context exists before the goroutine, so a Cancel that follows
+	// Start always finds it.
+	deadlineCtx, stop := context.WithDeadline(r.ctx, t.Job.Deadline)
+	jobCtx, cancel := context.WithCancelCause(deadlineCtx)
+	r.running[t.Job.ID] = cancel
 	// Add under mu, which Shutdown takes before Wait: no Add can follow Wait.
 	r.wg.Add(1)
-	go r.run(t)
+	go r.run(t, jobCtx, func() { cancel(nil); stop() })
+	if r.watchEvery > 0 && !r.watching {
+		r.watching = true
+		r.wg.Add(1)
+		go r.watch()
+	}
 	return nil
+}
+
+// Cancel cancels the context of job jobID, with cause ErrCancelled, if it
+// runs in this process, and reports whether it does: its step in flight ends
+// at once and the job ends CANCELLED (SPEC §4). The caller has recorded the
+// request on the job's row first (repository.Store.RequestCancel), so the
+// job's end and every server agree that it was cancelled.
+func (r *Runner) Cancel(jobID string) bool {
+	r.mu.Lock()
+	cancel := r.running[jobID]
+	r.mu.Unlock()
+	if cancel == nil {
+		return false
+	}
+	cancel(ErrCancelled)
+	return true
+}
+
+// watchTimeout bounds one query of watch.
+const watchTimeout = 10 * time.Second
+
+// watch is the goroutine of Config.WatchCancels: every interval, while jobs
+// run, it asks the database which of them have a cancellation requested (by
+// a CancelOperation that another server served) and cancels them. It ends
+// when no job runs (Start starts it again) or at Shutdown.
+func (r *Runner) watch() {
+	defer r.wg.Done()
+	tick := time.NewTicker(r.watchEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		r.mu.Lock()
+		ids := make([]string, 0, len(r.running))
+		for id, cancel := range r.running {
+			if cancel != nil {
+				ids = append(ids, id)
+			}
+		}
+		if len(r.running) == 0 {
+			r.watching = false
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(r.ctx, watchTimeout)
+		cancelled, err := r.store.CancelRequested(ctx, ids)
+		cancel()
+		if err != nil {
+			// The jobs' next steps see the request anyway.
+			if r.ctx.Err() == nil {
+				r.log.Warn("could not look for cancelled jobs", "jobs", len(ids), "err", err)
+			}
+			continue
+		}
+		for _, id := range cancelled {
+			if r.Cancel(id) {
+				r.log.Info("job cancelled through another server: interrupting its step", "job", id)
+			}
+		}
+	}
 }
 
 // Reserve lists a job id as running before the claim that creates the job
@@ -294,12 +393,12 @@ func (r *Runner) Start(t Task) error {
 func (r *Runner) Reserve(jobID string) (release func()) {
 	r.mu.Lock()
 	if _, ok := r.running[jobID]; !ok {
-		r.running[jobID] = false
+		r.running[jobID] = nil
 	}
 	r.mu.Unlock()
 	return func() {
 		r.mu.Lock()
-		if started, ok := r.running[jobID]; ok && !started {
+		if cancel, ok := r.running[jobID]; ok && cancel == nil {
 			delete(r.running, jobID)
 		}
 		r.mu.Unlock()
@@ -367,13 +466,13 @@ func (r *Runner) Abort() {
 	r.abortFinish()
 }
 
-// run is the job's goroutine: run the work, end the job, let go of it.
-func (r *Runner) run(t Task) {
+// run is the job's goroutine: run the work on jobCtx, end the job, let go
+// of it (and of jobCtx, with done).
+func (r *Runner) run(t Task, jobCtx context.Context, done func()) {
 	defer r.wg.Done()
+	defer done()
 	log := r.log.With("job", t.Job.ID, "kind", t.Job.Kind, "cluster", t.Job.ResourceID)
 
-	jobCtx, cancel := context.WithDeadline(r.ctx, t.Job.Deadline)
-	defer cancel()
 	p := newProgress(r.store, t.Job, r.lease, log)
 
 	out, err := r.call(jobCtx, log, t, p)

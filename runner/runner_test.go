@@ -49,9 +49,9 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, e *env)) {
 	}
 }
 
-func newEnv(t *testing.T, s *repository.Store) *env {
+func newEnv(t *testing.T, s *repository.Store, mutate ...func(*runner.Config)) *env {
 	e := &env{s: s, done: make(chan repository.Job, 64)}
-	e.r = runner.New(runner.Config{
+	cfg := runner.Config{
 		Store:  s,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
 		// The server's encoding: the jobs' errors are what clients see.
@@ -60,7 +60,11 @@ func newEnv(t *testing.T, s *repository.Store) *env {
 			e.dones.Add(1)
 			e.done <- j
 		},
-	})
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	e.r = runner.New(cfg)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
@@ -280,6 +284,8 @@ func TestJobOutlivesItsCaller(t *testing.T) {
 	})
 }
 
+// A cancel recorded on the job's row alone (a runner that does not watch
+// for cancellations, and no Cancel) is seen at the job's next step.
 func TestCooperativeCancel(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
 		held, job := starting(t, e, "web", inAnHour())
@@ -330,6 +336,88 @@ func TestCooperativeCancel(t *testing.T) {
 		}
 		wantCluster(t, e, held.ID, lifecycle.Alert, "")
 	})
+}
+
+// blockedStep is a job whose one step blocks until its context ends (a
+// held or slow infrastructure step), reporting the step's error on stepErr.
+func blockedStep(held repository.Cluster, job repository.Job, inStep chan<- struct{}, stepErr chan<- error, causes chan<- error) runner.Task {
+	return runner.Task{
+		Job: job,
+		Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
+			if err := p.Step(ctx, "join_node"); err != nil {
+				return runner.Outcome{}, err
+			}
+			close(inStep)
+			<-ctx.Done()
+			stepErr <- ctx.Err()
+			return runner.Outcome{}, fmt.Errorf("join_node: %w", ctx.Err())
+		},
+		Release: failRelease(held, causes),
+	}
+}
+
+// wantCancelled checks that job ended CANCELLED, with the cancellation as
+// its Release's cause and the cluster released to its failure state.
+func wantCancelled(t *testing.T, e *env, held repository.Cluster, job repository.Job, causes <-chan error) {
+	t.Helper()
+	got := ended(t, e, job.ID)
+	if st := decode(t, got.Error); got.Status != repository.JobCancelled || codes.Code(st.Code) != codes.Canceled {
+		t.Errorf("job = %s %v; want CANCELLED with code CANCELLED", got.Status, st)
+	}
+	if cause := recv(t, causes, "Release"); !errors.Is(cause, runner.ErrCancelled) {
+		t.Errorf("Release cause = %v; want ErrCancelled", cause)
+	}
+	wantCluster(t, e, held.ID, lifecycle.Alert, "")
+}
+
+// Cancel, as CancelOperation calls it on the job's server, ends the step in
+// flight through its context: a step that would never end on its own.
+func TestCancelInterruptsTheStepInFlight(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		held, job := starting(t, e, "web", inAnHour())
+		inStep, stepErr, causes := make(chan struct{}), make(chan error, 1), make(chan error, 1)
+		if err := e.r.Start(blockedStep(held, job, inStep, stepErr, causes)); err != nil {
+			t.Fatal(err)
+		}
+		recv(t, inStep, "the step")
+		if _, err := e.s.RequestCancel(ctxT(t), job.ID); err != nil {
+			t.Fatal(err)
+		}
+		if !e.r.Cancel(job.ID) {
+			t.Fatal("Cancel of a running job = false; want true")
+		}
+		if err := recv(t, stepErr, "the interrupted step"); !errors.Is(err, context.Canceled) {
+			t.Errorf("step's ctx = %v; want cancelled", err)
+		}
+		wantCancelled(t, e, held, job, causes)
+		if e.r.Cancel(job.ID) || e.r.Cancel("no-such-job") {
+			t.Error("Cancel of a job not running here = true; want false")
+		}
+	})
+}
+
+// A cancel served by another server is only a flag on the job's row: a
+// runner that watches for cancellations (Config.WatchCancels) finds it and
+// ends the step in flight, without waiting for the job's next step.
+func TestWatchCancelsInterruptsTheStepOfACancelFromElsewhere(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			e := newEnv(t, repotest.Open(t, b), func(c *runner.Config) { c.WatchCancels = 20 * time.Millisecond })
+			held, job := starting(t, e, "web", inAnHour())
+			inStep, stepErr, causes := make(chan struct{}), make(chan error, 1), make(chan error, 1)
+			if err := e.r.Start(blockedStep(held, job, inStep, stepErr, causes)); err != nil {
+				t.Fatal(err)
+			}
+			recv(t, inStep, "the step")
+			if _, err := e.s.RequestCancel(ctxT(t), job.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := recv(t, stepErr, "the interrupted step"); !errors.Is(err, context.Canceled) {
+				t.Errorf("step's ctx = %v; want cancelled", err)
+			}
+			wantCancelled(t, e, held, job, causes)
+		})
+	}
 }
 
 func TestDeadline(t *testing.T) {

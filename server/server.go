@@ -197,10 +197,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 
-	s.ops = service.NewOperations(s.store)
 	resume := cfg.OnOwnerLoss == OnOwnerLossResume
-	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.metrics.jobDone(s.ops.Notify), Lease: s.lease, HandOff: resume,
-		Encode: service.EncodeJobError})
+	// A cancel served by a peer reaches this server's step in flight within
+	// a heartbeat interval; one served here, at once (Operations.local).
+	s.runner = runner.New(runner.Config{Store: s.store, Logger: s.log, OnDone: s.metrics.jobDone(func(j repository.Job) { s.ops.Notify(j) }),
+		Lease: s.lease, HandOff: resume, Encode: service.EncodeJobError, WatchCancels: cfg.HeartbeatInterval})
+	s.ops = service.NewOperations(s.store, s.runner)
 	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
 	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,

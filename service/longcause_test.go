@@ -94,7 +94,7 @@ func TestALongInfrastructureErrorReachesTheOperation(t *testing.T) {
 			}
 			wait(op)
 
-			got, err := service.NewOperations(store).GetOperation(rpcCtx(t), &longrunningpb.GetOperationRequest{Name: op.GetName()})
+			got, err := service.NewOperations(store, nil).GetOperation(rpcCtx(t), &longrunningpb.GetOperationRequest{Name: op.GetName()})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -25,6 +25,9 @@ type JobStore interface {
 type Operations struct {
 	longrunningpb.UnimplementedOperationsServer
 	store JobStore
+	// local cancels the step in flight of a job that runs in this process
+	// (nil: none do).
+	local JobCanceller
 	// poll bounds how stale WaitOperation can be for jobs that end on another
 	// server (local jobs wake waiters at once through Notify).
 	poll    time.Duration
@@ -43,9 +46,18 @@ type Operations struct {
 // know a wait has begun and for metrics.
 func (o *Operations) Waiting() int64 { return o.waiting.Load() }
 
-// NewOperations returns the Operations service over store.
-func NewOperations(store JobStore) *Operations {
-	return &Operations{store: store, poll: 200 * time.Millisecond, maxWait: 5 * time.Minute,
+// JobCanceller interrupts a job that runs in this process (runner.Runner).
+type JobCanceller interface {
+	// Cancel cancels job jobID's context, and reports whether it runs here.
+	Cancel(jobID string) bool
+}
+
+// NewOperations returns the Operations service over store; local, when not
+// nil, runs this server's jobs, so that a cancel of one of them ends its
+// step in flight at once (a job of another server is cancelled by its own
+// runner, which watches the jobs' rows).
+func NewOperations(store JobStore, local JobCanceller) *Operations {
+	return &Operations{store: store, local: local, poll: 200 * time.Millisecond, maxWait: 5 * time.Minute,
 		changed: make(chan struct{}), draining: make(chan struct{})}
 }
 
@@ -192,17 +204,24 @@ func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitO
 	}
 }
 
-// CancelOperation asks a running operation to stop at its next step
-// (cooperative, SPEC §4). The job may run on another server, so the request
-// is a flag on the job row that its runner reads at every step. Cancelling an
-// operation that is already done changes nothing.
+// CancelOperation stops a running operation (SPEC §4): its step in flight,
+// held or slow, ends at once, and the operation ends CANCELLED with the
+// cluster following the failure transition. The job may run on another
+// server, so the request is first a flag on the job's row, which every
+// server agrees on: its runner reads it at every step and watches it between
+// steps (runner.Config.WatchCancels). A job of this server is then
+// interrupted directly. Cancelling an operation that is already done changes
+// nothing.
 func (o *Operations) CancelOperation(ctx context.Context, req *longrunningpb.CancelOperationRequest) (*emptypb.Empty, error) {
 	j, err := o.visibleJob(ctx, req.GetName())
 	if err != nil {
 		return nil, err
 	}
-	if _, err := o.store.RequestCancel(ctx, j.ID); err != nil {
+	if j, err = o.store.RequestCancel(ctx, j.ID); err != nil {
 		return nil, notFound(err, req.GetName())
+	}
+	if o.local != nil && !j.Status.Done() {
+		o.local.Cancel(j.ID)
 	}
 	return &emptypb.Empty{}, nil
 }

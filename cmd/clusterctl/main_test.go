@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/clusterd/clusterd/client"
@@ -240,14 +242,27 @@ func TestEveryCommandAgainstARealServer(t *testing.T) {
 		t.Errorf("after the scale: %v", c)
 	}
 
-	// Cancel: held again, cancelled, released: the job stops at its next step.
+	// Cancel: held again and cancelled, never released: the held step ends
+	// at once. cancel --wait exits 0 since the cancel took effect, printing
+	// the operation with its error; wait exits 1, since the operation failed.
 	hold(t, s)
 	scaleOp = operationPattern.FindString(ok(t, env, "scale", "demo", "--workers", "4").stdout)
 	waitHeld(t, s)
-	if r := ok(t, env, "operations", "cancel", scaleOp); !strings.Contains(r.stdout, "cancelling") {
-		t.Errorf("operations cancel =\n%s\nwant the operation cancelling", r.stdout)
+	r = ok(t, env, "operations", "cancel", scaleOp, "--wait", "-o", "json")
+	var cancelled longrunningpb.Operation
+	if err := protojson.Unmarshal([]byte(r.stdout), &cancelled); err != nil {
+		t.Fatalf("operations cancel --wait -o json printed %q: %v", r.stdout, err)
+	}
+	if cancelled.GetName() != scaleOp || !cancelled.GetDone() || cancelled.GetError().GetCode() != int32(codes.Canceled) {
+		t.Errorf("operations cancel --wait -o json = %v; want %s done with error CANCELLED", &cancelled, scaleOp)
+	}
+	if held, err := s.Simulator.ListHeld(tctx(t), &clv1.ListHeldRequest{}); err != nil || len(held.GetHeld()) != 0 {
+		t.Errorf("held after the cancel: %v, %v; want none (the cancel ended the held step)", held.GetHeld(), err)
 	}
 	release(t, s)
+	if r := ok(t, env, "operations", "cancel", scaleOp, "--wait"); !regexp.MustCompile(`(?m)^Error: CANCELLED CANCELLED: operation cancelled$`).MatchString(r.stdout) {
+		t.Errorf("operations cancel --wait of the cancelled operation =\n%s\nwant it with its error", r.stdout)
+	}
 	refused(t, env, 1, scaleOp+" failed: CANCELLED CANCELLED: operation cancelled", "operations", "wait", scaleOp)
 	if r := ok(t, env, "operations", "list", "--cluster", "demo", "--filter", "verb = scale"); strings.Count(r.stdout, "operations/") != 2 || !strings.Contains(r.stdout, "cancelled") {
 		t.Errorf("operations list of demo's scales =\n%s", r.stdout)

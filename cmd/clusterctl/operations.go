@@ -7,6 +7,7 @@ import (
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
 
 	"github.com/clusterd/clusterd/client"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
@@ -176,8 +177,14 @@ func (a *app) operationsCancel() *cobra.Command {
 	var wait bool
 	cmd := &cobra.Command{
 		Use:   "cancel OPERATION",
-		Short: "Ask an operation to stop at its next step (cooperative); --wait follows it to its end",
-		Args:  args(cobra.ExactArgs(1)),
+		Short: "Stop an operation, its step in flight included; --wait follows it to its end",
+		Long: `Stop an operation: its step in flight, held or slow, ends at once, and the operation
+ends CANCELLED with the cluster following the operation's failure transition.
+
+With --wait, the command follows the operation to its end and prints it. It exits 0 when the
+cancel took effect (the operation ended CANCELLED; its error is in -o json) or when the operation
+succeeded before the cancel reached it, and 1 when it failed otherwise.`,
+		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			c, err := a.connect()
 			if err != nil {
@@ -190,7 +197,7 @@ func (a *app) operationsCancel() *cobra.Command {
 				return err
 			}
 			if wait {
-				return a.follow(cmd.Context(), c, &longrunningpb.Operation{Name: name})
+				return a.followCancel(cmd.Context(), c, name)
 			}
 			op, err := c.Operations.GetOperation(ctx, &longrunningpb.GetOperationRequest{Name: name})
 			if err != nil {
@@ -201,6 +208,33 @@ func (a *app) operationsCancel() *cobra.Command {
 	}
 	cmd.Flags().BoolVarP(&wait, "wait", "w", false, "follow the operation to its end")
 	return cmd
+}
+
+// followCancel follows a cancelled operation to its end and prints it (the
+// operation, not the cluster: what the command acted on). An end CANCELLED is
+// this command's success, so it exits 0 with the error in the printed
+// operation, as after an operation that succeeded before the cancel reached
+// it; another failure is returned (exit 1).
+func (a *app) followCancel(ctx context.Context, c *client.Client, name string) error {
+	p := newProgress(a.stderr, name)
+	done, err := c.Wait(ctx, &longrunningpb.Operation{Name: name}, p.update, client.PollEvery(pollEvery))
+	var opErr *client.OperationError
+	switch {
+	case errors.As(err, &opErr) && client.Code(err) == codes.Canceled:
+		p.finish(done)
+		return a.printOperations(done)
+	case errors.As(err, &opErr):
+		p.finish(done)
+		return err
+	case err != nil:
+		p.abandon()
+		if ctx.Err() != nil {
+			return &stoppedWaiting{name: name, err: err}
+		}
+		return err
+	}
+	p.finish(done)
+	return a.printOperations(done)
 }
 
 // verbOf reads an operation's verb for tables.

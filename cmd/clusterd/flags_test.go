@@ -48,3 +48,22 @@ func TestLogFormat(t *testing.T) {
 		t.Errorf("--log-format xml: %v; want a refusal naming the formats", err)
 	}
 }
+
+// --help says what becomes of a dead peer's operations by default: they are
+// adopted (--on-owner-loss=resume), not failed.
+func TestHelpSaysDeadPeersOperationsAreAdopted(t *testing.T) {
+	var out strings.Builder
+	if _, _, err := parse([]string{"--help"}, func(string) string { return "" }, &out); err == nil {
+		t.Fatal("--help: nil error; want the usage printed instead of serving")
+	}
+	var peer string
+	lines := strings.Split(out.String(), "\n")
+	for i, l := range lines {
+		if strings.Contains(l, "-peer-timeout") && i+1 < len(lines) {
+			peer = lines[i+1]
+		}
+	}
+	if !strings.Contains(peer, "adopted by a live server") || !strings.Contains(peer, "with --on-owner-loss=fail") {
+		t.Errorf("--help on --peer-timeout: %q; want its operations adopted, failed only with --on-owner-loss=fail", peer)
+	}
+}

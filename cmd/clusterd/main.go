@@ -98,8 +98,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 		return err
 	})
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 0, "how long graceful shutdown may take (default 15s)")
-	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", lease.DefaultHeartbeatInterval, "how often this server tells its peers it is alive")
-	fs.DurationVar(&cfg.PeerTimeout, "peer-timeout", lease.DefaultPeerTimeout, "a server whose heartbeat is older than this is dead: with --on-owner-loss=resume a live server adopts its operations and runs them on, with fail they are failed and their clusters recovered")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", lease.DefaultHeartbeatInterval, "how often this server tells its peers it is alive (and looks for cancels of its operations sent through a peer)")
+	fs.DurationVar(&cfg.PeerTimeout, "peer-timeout", lease.DefaultPeerTimeout, "a server whose heartbeat is older than this is dead: its running operations are adopted by a live server (failed, and their clusters recovered, with --on-owner-loss=fail or past --max-operation-attempts)")
 	fs.DurationVar(&cfg.ScanInterval, "scan-interval", scanner.DefaultScanInterval, "how often liveness and orphan recovery run")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often resting clusters are reconciled against the infrastructure")
 	fs.DurationVar(&cfg.JobRetention, "job-retention", 7*24*time.Hour, "finished operations, and the simulator's log of infrastructure calls, are purged after this")
