@@ -194,7 +194,7 @@ func TestKillMidOperationAdopted(t *testing.T) {
 		only    map[string]bool // nil: every crash case
 	}{
 		{name: "peer", flags: adoptLiveness},
-		// The binary's liveness defaults: peer timeout 6s, heartbeat 1s, scan 2s.
+		// The binary's liveness defaults.
 		{name: "peer-defaults", flags: []string{"--reconcile-interval", "1h"}, only: map[string]bool{"scale-up@join_node": true}},
 		{name: "restart", flags: adoptLiveness, restart: true,
 			only: map[string]bool{"create@join_node": true, "scale-down@drain_node": true, "upgrade@upgrade_node#2": true}},

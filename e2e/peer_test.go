@@ -10,6 +10,8 @@ import (
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/lease"
+	"github.com/clusterd/clusterd/scanner"
 )
 
 // Liveness flags for two-server tests that should not take long.
@@ -43,8 +45,8 @@ func TestPeerRecoversDeadServer(t *testing.T) {
 		peer, scan time.Duration
 	}{
 		{"short", shortLiveness, 3 * time.Second, 500 * time.Millisecond},
-		// The binary's defaults: peer timeout 6s, heartbeat 1s, scan 2s.
-		{"default", nil, 6 * time.Second, 2 * time.Second},
+		// The binary's liveness defaults.
+		{"default", nil, lease.DefaultPeerTimeout, scanner.DefaultScanInterval},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
