@@ -57,12 +57,10 @@ func (h *harness) restCall(t *testing.T, method, path string, body any) (int, ma
 	return resp.StatusCode, out
 }
 
-// TestOpenAPIDocument checks the document /openapi.json serves: a valid
-// OpenAPI 2.0 document with a real title and version, the Operations routes
-// (WaitOperation included), and what an operation's metadata and response
-// hold.
-func TestOpenAPIDocument(t *testing.T) {
-	h := start(t, repotest.Backends(t)[0])
+// openAPI fetches the document h serves at /openapi.json, raw and loaded as
+// OpenAPI 2.0.
+func openAPI(t *testing.T, h *harness) ([]byte, *loads.Document) {
+	t.Helper()
 	resp, err := http.Get(h.base + "/openapi.json")
 	if err != nil {
 		t.Fatal(err)
@@ -76,6 +74,16 @@ func TestOpenAPIDocument(t *testing.T) {
 	if err != nil {
 		t.Fatalf("/openapi.json does not load as OpenAPI 2.0: %v", err)
 	}
+	return raw, doc
+}
+
+// TestOpenAPIDocument checks the document /openapi.json serves: a valid
+// OpenAPI 2.0 document with a real title and version, the Operations routes
+// (WaitOperation included), and what an operation's metadata and response
+// hold.
+func TestOpenAPIDocument(t *testing.T) {
+	h := start(t, repotest.Backends(t)[0])
+	_, doc := openAPI(t, h)
 	if err := validate.Spec(doc, strfmt.Default); err != nil {
 		t.Errorf("/openapi.json is not a valid OpenAPI 2.0 document: %v", err)
 	}
@@ -138,15 +146,7 @@ func TestOpenAPIValidator(t *testing.T) {
 		t.Skipf("the OpenAPI validator is not installed: /openapi.json is not checked with swagger-parser (make openapi-validator installs it): %v", err)
 	}
 	h := start(t, repotest.Backends(t)[0])
-	resp, err := http.Get(h.base + "/openapi.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /openapi.json = %d, %v", resp.StatusCode, err)
-	}
+	raw, _ := openAPI(t, h)
 	doc := filepath.Join(t.TempDir(), "openapi.json")
 	if err := os.WriteFile(doc, raw, 0o600); err != nil {
 		t.Fatal(err)
@@ -171,19 +171,7 @@ var documentedErrors = []int{400, 401, 403, 404, 409, 413, 415, 431, 500, 503}
 // documented error status answered with the google.rpc.Status schema.
 func TestOpenAPIAuthAndErrors(t *testing.T) {
 	h := start(t, repotest.Backends(t)[0])
-	resp, err := http.Get(h.base + "/openapi.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /openapi.json = %d, %v", resp.StatusCode, err)
-	}
-	doc, err := loads.Analyzed(json.RawMessage(raw), "2.0")
-	if err != nil {
-		t.Fatalf("/openapi.json does not load as OpenAPI 2.0: %v", err)
-	}
+	_, doc := openAPI(t, h)
 	sw := doc.Spec()
 	var schemes []string
 	for name, scheme := range sw.SecurityDefinitions {
