@@ -186,6 +186,9 @@ func TestEveryStepFailureIsStepFailed(t *testing.T) {
 			t.Errorf("no operation kind above runs step %s: add the kind that does", step)
 		}
 	}
+	// No operation above, setups and repairs on the way out included,
+	// ended INTERNAL: an error no mapping names fails here too.
+	noInternalJobs(t, h)
 }
 
 // checkStepFailure checks that op failed at step with cause as its

@@ -80,6 +80,10 @@ const (
 	// ReasonJobLost: the operation's own server lost track of it (its end
 	// could not be recorded); the scanner ended it.
 	ReasonJobLost = "JOB_LOST"
+	// ReasonMachinesChanged: the scanner's recovery of an ALERT cluster
+	// found its machines no longer all running, joined and at the recorded
+	// version (FAILED_PRECONDITION: the cluster stays ALERT until they are).
+	ReasonMachinesChanged = "MACHINES_CHANGED"
 )
 
 // StepError is an infrastructure step that failed, so the operation's error
@@ -100,6 +104,20 @@ func (e *StepError) Error() string {
 
 // Unwrap exposes the infrastructure's error (infra.ErrFenced, ...).
 func (e *StepError) Unwrap() error { return e.Err }
+
+// MachinesChangedError ends the recovery of an ALERT cluster whose machines
+// changed between the scanner's look and the recovery's own (a machine
+// stopped or left Kubernetes, a node changed version): the operation's error
+// names what (Mismatch, as infra.Mismatch says it), not "internal error".
+type MachinesChangedError struct {
+	Cluster  string
+	Mismatch string
+}
+
+// Error says what no longer matches.
+func (e *MachinesChangedError) Error() string {
+	return "machines changed during recovery: " + e.Mismatch
+}
 
 // maxCause bounds the text of an operation's cause as it is stored and
 // shown (Operation.error.message, the failure's history entry): enough for
@@ -266,6 +284,7 @@ func Status(err error) *status.Status {
 		conflict   *repository.ConflictError
 		header     *auth.HeaderError
 		step       *StepError
+		changed    *MachinesChangedError
 	)
 	switch {
 	// Why an operation ended without success (the job's stored error).
@@ -288,6 +307,9 @@ func Status(err error) *status.Status {
 	case errors.As(err, &step) && !errors.Is(err, repository.ErrUnavailable):
 		return build(codes.Unavailable, fmt.Sprintf("step %s failed: %s", step.Step, step.Err.Error()), ReasonStepFailed,
 			map[string]string{"step": step.Step})
+	case errors.As(err, &changed):
+		return build(codes.FailedPrecondition, changed.Error(), ReasonMachinesChanged,
+			map[string]string{"cluster": "clusters/" + changed.Cluster})
 	// Errors of requests.
 	case errors.Is(err, auth.ErrRevoked):
 		return build(codes.Unauthenticated, err.Error(), ReasonCredentialsRevoked, nil)

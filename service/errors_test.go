@@ -27,6 +27,7 @@ func TestStatusMapsEveryDomainError(t *testing.T) {
 		{"invalid argument", invalid("cluster.display_name", "must be a DNS label"), codes.InvalidArgument, "INVALID_ARGUMENT", "cluster.display_name: must be a DNS label"},
 		{"held by another operation", wrap(&OperationInProgressError{Cluster: "clusters/a", Operation: "operations/b"}), codes.Aborted, "OPERATION_IN_PROGRESS", "please retry once it has finished"},
 		{"refused transition", &InvalidTransitionError{Cluster: "clusters/a", State: lifecycle.Stopped, Event: lifecycle.AddNodeRequested}, codes.FailedPrecondition, "INVALID_STATE_TRANSITION", "cluster clusters/a is in state STOPPED, which does not allow ADD_NODE_REQUESTED"},
+		{"machines changed under a recovery", wrap(&MachinesChangedError{Cluster: "a", Mismatch: "machine m1 is STOPPED"}), codes.FailedPrecondition, "MACHINES_CHANGED", "machines changed during recovery: machine m1 is STOPPED"},
 		{"lost CAS", wrap(&repository.ConflictError{ClusterID: "a"}), codes.Aborted, "CONCURRENT_MODIFICATION", "please retry"},
 		{"lost race", wrap(fmt.Errorf("%w: version moved", repository.ErrConflict)), codes.Aborted, "CONCURRENT_MODIFICATION", "please retry"},
 		// A deadlock is retried by the repository; one that outlasts its

@@ -115,7 +115,7 @@ func (s *Clusters) recoverAlertWork(ctx context.Context, o *op) (repository.Chan
 		return repository.Changes{}, err
 	}
 	if mismatch := infra.Mismatch(machines, c.Spec.KubernetesVersion); mismatch != "" {
-		return repository.Changes{}, fmt.Errorf("machines changed during recovery: %s", mismatch)
+		return repository.Changes{}, &MachinesChangedError{Cluster: c.ID, Mismatch: mismatch}
 	}
 	ch, err := o.repair(ctx, "")
 	if err != nil || c.Endpoint != "" {

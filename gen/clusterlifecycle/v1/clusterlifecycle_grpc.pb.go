@@ -59,7 +59,11 @@ const (
 // restarted), OWNER_SERVER_STOPPED (UNAVAILABLE: its server stopped
 // heartbeating and a peer ended it), LOST_CLAIM (ABORTED: another operation
 // or recovery took the cluster; UNAVAILABLE: its server lost its lease),
-// JOB_LOST (UNAVAILABLE: its server could not record its end), INTERNAL.
+// JOB_LOST (UNAVAILABLE: its server could not record its end),
+// MACHINES_CHANGED (FAILED_PRECONDITION: the scanner's recovery of an ALERT
+// cluster found a machine stopped, unjoined or on another Kubernetes version
+// than the record; metadata "cluster"; the message names them; the cluster
+// stays ALERT), INTERNAL.
 type ClusterLifecycleClient interface {
 	// Creates a cluster. The cluster row, its create job and the claim are
 	// written in one transaction; the job then provisions the machines.
@@ -234,7 +238,11 @@ func (c *clusterLifecycleClient) ListClusterEvents(ctx context.Context, in *List
 // restarted), OWNER_SERVER_STOPPED (UNAVAILABLE: its server stopped
 // heartbeating and a peer ended it), LOST_CLAIM (ABORTED: another operation
 // or recovery took the cluster; UNAVAILABLE: its server lost its lease),
-// JOB_LOST (UNAVAILABLE: its server could not record its end), INTERNAL.
+// JOB_LOST (UNAVAILABLE: its server could not record its end),
+// MACHINES_CHANGED (FAILED_PRECONDITION: the scanner's recovery of an ALERT
+// cluster found a machine stopped, unjoined or on another Kubernetes version
+// than the record; metadata "cluster"; the message names them; the cluster
+// stays ALERT), INTERNAL.
 type ClusterLifecycleServer interface {
 	// Creates a cluster. The cluster row, its create job and the claim are
 	// written in one transaction; the job then provisions the machines.
