@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -959,6 +960,12 @@ func (c *chaos) check() {
 		default:
 			c.figures["operations failed: other"]++
 			c.failures[firstLine(j.Error)]++
+		}
+		// Every failure has its reason (STEP_FAILED naming the step, ...):
+		// INTERNAL is a hole in the one status mapping.
+		var st struct{ Code codes.Code }
+		if j.Status != repository.JobSucceeded && json.Unmarshal([]byte(j.Error), &st) == nil && st.Code == codes.Internal {
+			c.violate("operation %s (%s of %s) ended INTERNAL: %s", id, j.Kind, j.ResourceID, firstLine(j.Error))
 		}
 		if j.Kind == "recover" {
 			c.figures["recovery jobs"]++
