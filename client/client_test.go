@@ -80,6 +80,22 @@ func TestReasonsMatchTheServer(t *testing.T) {
 	}
 }
 
+// TestCodeName spells every gRPC code as google.rpc.Code does, which is
+// where Go's codes.Canceled (CANCELED) and google.rpc's CANCELLED differ.
+func TestCodeName(t *testing.T) {
+	want := []string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+		"PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+		"INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
+	for c, name := range want {
+		if got := client.CodeName(codes.Code(c)); got != name {
+			t.Errorf("CodeName(%v) = %q; want %q", codes.Code(c), got, name)
+		}
+	}
+	if got := client.CodeName(codes.Code(99)); got != "CODE_99" {
+		t.Errorf("CodeName(99) = %q; want CODE_99", got)
+	}
+}
+
 // serve starts a real clusterd on SQLite and returns a client of it.
 func serve(t *testing.T, opts ...client.Option) *client.Client {
 	t.Helper()

@@ -1,6 +1,9 @@
 package client
 
 import (
+	"strconv"
+
+	"google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -40,6 +43,19 @@ const (
 	// ReasonInternal (INTERNAL): a server bug; the server logged the cause.
 	ReasonInternal = "INTERNAL"
 )
+
+// CodeName spells c as google.rpc.Code does (CANCELLED, NOT_FOUND,
+// DEADLINE_EXCEEDED; Go's codes.Canceled is CANCELLED there). It is also the
+// ErrorInfo reason clusterd gives an error that has no reason of its own (a
+// request the client cancelled, a status gRPC itself made), so the server
+// and clusterctl spell codes in this one place. A code google.rpc.Code does
+// not name is CODE_<number>.
+func CodeName(c codes.Code) string {
+	if name, ok := code.Code_name[int32(c)]; ok {
+		return name
+	}
+	return "CODE_" + strconv.FormatUint(uint64(c), 10)
+}
 
 // Code is the gRPC code of err: codes.OK for nil, codes.Unknown for an error
 // that carries no status. It reads RPC errors and *OperationError alike.

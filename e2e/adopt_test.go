@@ -279,16 +279,18 @@ func adoptMidOperation(t *testing.T, tc crashCase, flags []string, restart bool,
 	return adopted.GetTime().AsTime().Sub(since)
 }
 
-// TestSIGTERMHandsOffToAPeer stops one of two servers (the binary's liveness
-// defaults: peer timeout 6s, scan interval 2s) with SIGTERM while its scale
-// is held and a client waits on it: the wait is answered at once with the
+// TestSIGTERMHandsOffToAPeer stops one of two servers (the binary's
+// heartbeat and scan interval, 1s and 2s) with SIGTERM while its scale is
+// held and a client waits on it: the wait is answered at once with the
 // operation not done, the process exits 0, and the peer adopts the
-// operation at its next scan, well before the peer timeout, and runs it to
-// its end; the client, waiting again through the peer, sees it succeed.
+// operation at its next scan and runs it to its end; the client, waiting
+// again through the peer, sees it succeed. The peer timeout is an hour, so
+// an adoption within the test's deadlines shows that a hand-off waits for
+// no timeout, however busy the machine.
 func TestSIGTERMHandsOffToAPeer(t *testing.T) {
 	t.Parallel()
 	dsn := newDatabase(t)
-	flags := []string{"--reconcile-interval", "1h"}
+	flags := []string{"--reconcile-interval", "1h", "--peer-timeout", "1h"}
 	a := startServer(t, dsn, "e2e-a", flags...)
 	b := startServer(t, dsn, "e2e-b", flags...)
 	cluster := a.create(t, "handoff").GetName()
@@ -343,11 +345,8 @@ func TestSIGTERMHandsOffToAPeer(t *testing.T) {
 		t.Errorf("hand-off entry %v; want one by e2e-a at join_node", handed)
 	}
 	took := adopted.GetTime().AsTime().Sub(began)
-	recordRecovery(t, "adoption after SIGTERM hand-off (peer timeout 6s, scan 2s)", took)
+	recordRecovery(t, "adoption after SIGTERM hand-off (peer timeout 1h, scan 2s)", took)
 	t.Logf("SIGTERM: exit 0 after %s; adopted by the peer %s after the SIGTERM", exited.Round(time.Millisecond), took.Round(time.Millisecond))
-	if took >= 6*time.Second {
-		t.Errorf("adopted %s after the SIGTERM; want before the peer timeout (6s): a hand-off needs no timeout", took.Round(time.Millisecond))
-	}
 	if calls, _ := checkFencing(t, dsn, cluster, op, adopted, 2); calls == 0 {
 		t.Errorf("the peer made no infrastructure call for the scale it adopted at join_node")
 	}

@@ -195,7 +195,9 @@ func TestLeaseLapsesWithoutHeartbeats(t *testing.T) {
 }
 
 // A graceful stop gives the id up: the lease is lost, and the next process
-// takes the id at once.
+// takes the id at once, without watching the old heartbeat: with an
+// hour's heartbeat interval, watching (two intervals) would outlast
+// Acquire's one-minute context.
 func TestReleaseLetsTheNextProcessStartAtOnce(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *repository.Store) {
 		first := newLease(s, func(c *lease.Config) { c.Host, c.PID = "elsewhere", 4242 })
@@ -208,13 +210,9 @@ func TestReleaseLetsTheNextProcessStartAtOnce(t *testing.T) {
 		if err := first.Check(); !errors.Is(err, lease.ErrLost) {
 			t.Errorf("Check after Release = %v; want ErrLost", err)
 		}
-		began := time.Now()
 		l := newLease(s, func(c *lease.Config) { c.HeartbeatInterval, c.PeerTimeout = time.Hour, 6*time.Hour })
 		if _, err := l.Acquire(ctxT(t)); err != nil {
-			t.Fatal(err)
-		}
-		if took := time.Since(began); took > 5*time.Second {
-			t.Errorf("Acquire after a graceful stop took %s; want it at once", took)
+			t.Fatalf("Acquire after a graceful stop: %v; want the id at once", err)
 		}
 	})
 }

@@ -79,7 +79,8 @@ func TestEndRetriedThroughAnOutage(t *testing.T) {
 // A database that stays down past the budget (the job's deadline, at least
 // FinishTimeout): the runner gives up (the job stays IN_PROGRESS for
 // recovery), and Abort lets a shutdown that ran out of time end the attempts
-// at once, whatever the deadline.
+// at once: without it they would go on for their hour's budget, far past
+// the shutdown's deadline.
 func TestEndGivenUpAfterItsBudgetAndOnAbort(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
 		o := &outage{Store: e.s}
@@ -112,12 +113,8 @@ func TestEndGivenUpAfterItsBudgetAndOnAbort(t *testing.T) {
 			t.Fatalf("Shutdown while the end retries for an hour: %v; want DeadlineExceeded", err)
 		}
 		r2.Abort()
-		began := time.Now()
 		if err := r2.Shutdown(stopCtx); err != nil {
-			t.Fatalf("Shutdown after Abort: %v", err)
-		}
-		if took := time.Since(began); took > 5*time.Second {
-			t.Errorf("the job took %s to stop after Abort; want at once", took)
+			t.Fatalf("Shutdown after Abort: %v; want the job stopped at once", err)
 		}
 	})
 }

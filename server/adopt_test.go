@@ -84,14 +84,17 @@ func checkFencedAfterAdoption(t *testing.T, r *rig, cluster, op string, adopted 
 }
 
 // A graceful stop hands the running scale off at its held step, and a peer
-// adopts it at its next scan, long before any peer timeout: the operation
-// keeps its name and ends SUCCEEDED (followed through the peer), the
-// cluster reaches the size asked for, and the history shows both servers.
+// adopts it at its next scan: the operation keeps its name and ends
+// SUCCEEDED (followed through the peer), the cluster reaches the size asked
+// for, and the history shows both servers. The peer timeout is an hour, so
+// an adoption within the test's deadlines shows that a hand-off waits for no
+// timeout, however busy the machine.
 func TestGracefulStopHandsOffToAPeer(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
 		dsn := b.NewDSN(t)
-		a := peerServer(t, dsn, "a", time.Hour)
-		peer := peerServer(t, dsn, "b", 50*time.Millisecond)
+		noTimeout := func(c *Config) { c.PeerTimeout = time.Hour }
+		a := peerServer(t, dsn, "a", time.Hour, noTimeout)
+		peer := peerServer(t, dsn, "b", 50*time.Millisecond, noTimeout)
 		c := a.create("handoff", 2)
 		f := a.hold(infra.StepJoinNode, c.GetName())
 		op := a.accepted(a.scaleTo(c.GetName(), 3))
@@ -124,9 +127,6 @@ func TestGracefulStopHandsOffToAPeer(t *testing.T) {
 		}
 		if adopted.Server != "b" || !strings.Contains(adopted.Message, "from server a") || adopted.ID < handed.ID || adopted.To != lifecycle.Scaling {
 			t.Errorf("adoption entry %+v; want by b, naming a, after the hand-off, SCALING kept", adopted)
-		}
-		if wait := adopted.Time.Sub(handed.Time); wait > 10*time.Second {
-			t.Errorf("adopted %s after the hand-off; want at the peer's next scan, not after the peer timeout (1m)", wait)
 		}
 		t.Logf("hand-off to adoption: %s", adopted.Time.Sub(handed.Time).Round(time.Millisecond))
 		for _, e := range hist {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"sync"
@@ -28,11 +29,13 @@ func (l *lockedBuffer) String() string {
 }
 
 // A database that does not answer at start-up is waited for, up to
-// DatabaseWait, with a log line per attempt, then New fails saying so.
+// DatabaseWait, with a log line per attempt, then New fails saying so. How
+// long past DatabaseWait it gave up is logged, not asserted (the machine may
+// be busy); a minute is the deadline of a New that would wait forever.
 func TestStartWaitsForTheDatabase(t *testing.T) {
 	logs := &lockedBuffer{}
 	began := time.Now()
-	_, err := New(tctx(t), Config{
+	err := newWithin(t, time.Minute, Config{
 		// Nothing listens on port 1.
 		Database: "mysql://u:p@127.0.0.1:1/db", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: "s",
 		DatabaseWait: 2 * time.Second, Logger: slog.New(slog.NewTextHandler(logs, nil)),
@@ -41,18 +44,39 @@ func TestStartWaitsForTheDatabase(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "database not reachable after") {
 		t.Fatalf("New on a database that never answers: %v; want it to give up saying so", err)
 	}
-	if took < 2*time.Second || took > 15*time.Second {
-		t.Errorf("New gave up after %s; want about the 2s it was told to wait", took)
+	if took < 2*time.Second {
+		t.Errorf("New gave up after %s; want it to wait the 2s it was told to", took)
 	}
+	t.Logf("New gave up after %s (DatabaseWait 2s)", took.Round(time.Millisecond))
 	if n := strings.Count(logs.String(), "database not reachable yet; waiting"); n < 2 {
 		t.Errorf("%d attempts logged; want one line per attempt:\n%s", n, logs)
 	}
-	// A DSN that cannot be right is not waited for.
-	began = time.Now()
-	if _, err := New(tctx(t), Config{Database: "mysql://u:p@127.0.0.1:1/", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ServerID: "s"}); err == nil {
+	// A DSN that cannot be right is not waited for: told to wait an hour,
+	// New fails within the minute.
+	if err := newWithin(t, time.Minute, Config{Database: "mysql://u:p@127.0.0.1:1/", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		ServerID: "s", DatabaseWait: time.Hour}); err == nil {
 		t.Error("New accepted a DSN without a database name")
 	}
-	if took := time.Since(began); took > time.Second {
-		t.Errorf("New waited %s on a DSN that cannot be right; want at once", took)
+}
+
+// newWithin is New with a deadline: it fails the test if New has not
+// returned within limit, and the test expects New to fail.
+func newWithin(t *testing.T, limit time.Duration, cfg Config) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := New(ctx, cfg)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		cancel()
+		<-done
+		t.Fatalf("New still waiting for %s after %s", cfg.Database, limit)
+		return nil
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -58,7 +59,7 @@ func (s *Server) gateway(ctx context.Context) error {
 		return err
 	}
 	var mux *runtime.ServeMux
-	mux = runtime.NewServeMux(
+	opts := []runtime.ServeMuxOption{
 		runtime.WithHealthzEndpoint(healthpb.NewHealthClient(conn)),
 		runtime.WithIncomingHeaderMatcher(forwardedHeader),
 		runtime.WithOutgoingHeaderMatcher(answeredHeader),
@@ -66,7 +67,6 @@ func (s *Server) gateway(ctx context.Context) error {
 			MarshalOptions:   protojson.MarshalOptions{EmitUnpopulated: true},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
 		}}),
-		runtime.SetQueryParameterParser(strictQuery{}),
 		runtime.WithErrorHandler(s.gatewayError),
 		runtime.WithRoutingErrorHandler(s.routingError),
 		runtime.WithMiddlewares(func(next runtime.HandlerFunc) runtime.HandlerFunc {
@@ -82,7 +82,15 @@ func (s *Server) gateway(ctx context.Context) error {
 		// GET /v1/operations lists; without this, operations/** would also
 		// match it with zero segments and route it to GetOperation.
 		runtime.WithStrictDeepWildcardMatching(),
-	)
+	}
+	// grpc-gateway keeps the query parser in a package variable (v2.33 has
+	// no per-ServeMux one) that every mux of the process reads as it serves:
+	// setting it again for each Server raced with another Server serving in
+	// the same process (tests run many). strictQuery holds no state, so it
+	// is set once, by a mux made only to apply the option, inside the Once:
+	// every gateway is built, and serves, after that write.
+	strictQueryOnce.Do(func() { runtime.NewServeMux(runtime.SetQueryParameterParser(strictQuery{})) })
+	mux = runtime.NewServeMux(opts...)
 	if err := clv1.RegisterClusterLifecycleHandler(ctx, mux, conn); err != nil {
 		return fmt.Errorf("gateway ClusterLifecycle: %w", err)
 	}
@@ -322,6 +330,10 @@ func (m *strictJSON) NewDecoder(r io.Reader) runtime.Decoder {
 		return m.JSONPb.Unmarshal(raw, v)
 	})
 }
+
+// strictQueryOnce installs strictQuery as the process's query parser (see
+// gateway).
+var strictQueryOnce sync.Once
 
 // strictQuery refuses query parameters that name no field of the request,
 // or a field the path or body already sets: a typo such as `etagg=3` must

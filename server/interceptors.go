@@ -16,12 +16,16 @@ import (
 )
 
 // interceptors returns the one chain every RPC goes through, gRPC and REST
-// alike (the gateway is a client of this server): the request id and client
-// address first, so every log line of the call carries them; then the gRPC
-// metrics and logging, so they see the final status; then the count of
-// refused claims, error mapping, authentication (and the refusal of
-// undecodable requests), and panic recovery innermost so a panic becomes an
-// INTERNAL status that is mapped and logged like any error.
+// alike (the gateway is a client of this server). Panic recovery comes
+// first, outermost, so that a panic anywhere in the chain (request info,
+// metrics, logging, refusals, error mapping, authentication) is an INTERNAL
+// status with its ErrorInfo and a logged stack, never a crashed server.
+// Then the request id and client address, so every log line of the call
+// carries them; then the gRPC metrics and logging, so they see the final
+// status; then the count of refused claims, error mapping, authentication
+// (and the refusal of undecodable requests); and recovery again, innermost,
+// so that a handler's panic (the likeliest) is an error the chain maps,
+// counts and logs like any other, with the request's id.
 func (s *Server) interceptors() []grpc.ServerOption {
 	log := s.log
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
@@ -35,27 +39,34 @@ func (s *Server) interceptors() []grpc.ServerOption {
 		}
 		return logging.DefaultServerCodeToLevel(c)
 	})}
-	recover := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+	inner := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
 	})
+	// Nothing maps what the outer recovery returns: it is the final status.
+	outer := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		log.ErrorContext(ctx, "panic in the interceptor chain", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		return service.StatusWithReason(codes.Internal, "internal error", service.ReasonInternal).Err()
+	})
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(
+			recovery.UnaryServerInterceptor(outer),
 			unaryRequestInfo(),
 			s.metrics.grpc.UnaryServerInterceptor(),
 			logging.UnaryServerInterceptor(logger, logOpts...),
 			s.metrics.refusals(),
 			unaryErrors(log),
 			s.unaryAuth(),
-			recovery.UnaryServerInterceptor(recover),
+			recovery.UnaryServerInterceptor(inner),
 		),
 		grpc.ChainStreamInterceptor(
+			recovery.StreamServerInterceptor(outer),
 			streamRequestInfo(),
 			s.metrics.grpc.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(logger, logOpts...),
 			streamErrors(log),
 			s.streamAuth(),
-			recovery.StreamServerInterceptor(recover),
+			recovery.StreamServerInterceptor(inner),
 		),
 	}
 }

@@ -25,7 +25,7 @@ func (s *Server) operatorRoutes(mux *runtime.ServeMux) error {
 	if err := mux.HandlePath(http.MethodGet, "/metrics", s.metricsHandler(mux)); err != nil {
 		return fmt.Errorf("gateway /metrics: %w", err)
 	}
-	return webRoutes(mux)
+	return webRoutes(mux, time.Now())
 }
 
 // requireAdmin authenticates a plain HTTP request (one that does not go

@@ -432,6 +432,22 @@ func TestWebFiles(t *testing.T) {
 		if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "connect-src 'self'") {
 			t.Errorf("GET %s: Content-Security-Policy %q", tc.path, csp)
 		}
+		// Revalidation (the files are served no-cache) answers 304 until
+		// the server changes.
+		modified := resp.Header.Get("Last-Modified")
+		req, err := http.NewRequest(http.MethodGet, h.base+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("If-Modified-Since", modified)
+		again, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = again.Body.Close()
+		if modified == "" || again.StatusCode != http.StatusNotModified {
+			t.Errorf("GET %s again, If-Modified-Since its Last-Modified %q: %d; want 304", tc.path, modified, again.StatusCode)
+		}
 	}
 	code, body := h.restCall(t, http.MethodGet, "/ui/missing.js", nil)
 	if code != 404 || !strings.Contains(body["message"].(string), "missing.js") {

@@ -21,9 +21,11 @@ import (
 // A graceful stop while a client waits on an operation whose step is held
 // (with --on-owner-loss=fail): the wait is answered at once with the
 // operation as it stands, the job stops at its held step and records its end
-// (cluster released to the failure state), and Serve returns without error
-// well inside the budget, having given the server id up. (With resume, the
-// default, the job is handed off instead: TestGracefulStopHandsOff.)
+// (cluster released to the failure state), and Serve returns without error,
+// which it does only inside the budget, having given the server id up. How
+// long the stop took is logged, not asserted: the machine may be busy. (With
+// resume, the default, the job is handed off instead:
+// TestGracefulStopHandsOffToAPeer.)
 func TestGracefulStopAnswersWaitsAndEndsJobs(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
 		r := newRig(t, b, failOnOwnerLoss)
@@ -55,9 +57,6 @@ func TestGracefulStopAnswersWaitsAndEndsJobs(t *testing.T) {
 			t.Fatalf("Serve after a graceful stop: %v; want nil (exit 0)", err)
 		}
 		took := time.Since(began)
-		if took > 5*time.Second {
-			t.Errorf("graceful stop took %s; want well inside the 15s budget", took)
-		}
 		select {
 		case a := <-answered:
 			if a.err != nil {

@@ -31,8 +31,9 @@ const webPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 
 // webRoutes serves GET / (the page) and GET /ui/{file} (its assets). The
 // page routes itself after '#' (#/clusters/{id}), so the server has one
-// page to serve.
-func webRoutes(mux *runtime.ServeMux) error {
+// page to serve. modified is the files' Last-Modified: they are embedded in
+// the binary, so as new as the server that serves them.
+func webRoutes(mux *runtime.ServeMux, modified time.Time) error {
 	files, err := fs.Sub(webFiles, "web")
 	if err != nil {
 		return fmt.Errorf("web view: %w", err)
@@ -50,7 +51,7 @@ func webRoutes(mux *runtime.ServeMux) error {
 		h.Set("Referrer-Policy", "no-referrer")
 		// The files change with the binary: revalidate each time (cheap).
 		h.Set("Cache-Control", "no-cache")
-		http.ServeContent(w, r, name, started, bytes.NewReader(body))
+		http.ServeContent(w, r, name, modified, bytes.NewReader(body))
 	}
 	if err := mux.HandlePath(http.MethodGet, "/", func(w http.ResponseWriter, r *http.Request, _ map[string]string) {
 		serve(w, r, "index.html")
@@ -64,7 +65,3 @@ func webRoutes(mux *runtime.ServeMux) error {
 	}
 	return nil
 }
-
-// started is the Last-Modified of the embedded files: they are as new as
-// the process.
-var started = time.Now()

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/clusterd/clusterd/auth"
+	"github.com/clusterd/clusterd/client"
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
@@ -385,18 +386,9 @@ func withErrorInfo(st *status.Status) *status.Status {
 	return withInfo
 }
 
-// codeReason spells a code the way ErrorInfo reasons are spelled
-// (DeadlineExceeded -> DEADLINE_EXCEEDED).
-func codeReason(c codes.Code) string {
-	var b strings.Builder
-	for i, r := range c.String() {
-		if i > 0 && r >= 'A' && r <= 'Z' {
-			b.WriteByte('_')
-		}
-		b.WriteRune(r)
-	}
-	return strings.ToUpper(b.String())
-}
+// codeReason is the reason of an error that has none of its own: its code
+// as google.rpc.Code spells it (client.CodeName, which clusterctl prints).
+func codeReason(c codes.Code) string { return client.CodeName(c) }
 
 func build(c codes.Code, msg, reason string, meta map[string]string, extra ...*errdetails.BadRequest) *status.Status {
 	st := status.New(c, msg)

@@ -38,7 +38,7 @@ func TestStatusMapsEveryDomainError(t *testing.T) {
 		{"name taken", wrap(repository.ErrAlreadyExists), codes.AlreadyExists, "ALREADY_EXISTS", "already exists"},
 		{"database down", wrap(repository.ErrUnavailable), codes.Unavailable, "DATABASE_UNAVAILABLE", "please retry"},
 		{"not implemented", &NotImplementedError{Method: "X", Detail: "later"}, codes.Unimplemented, "NOT_IMPLEMENTED", "X is not implemented yet"},
-		{"client went away", wrap(context.Canceled), codes.Canceled, "CANCELED", "cancelled"},
+		{"client went away", wrap(context.Canceled), codes.Canceled, "CANCELLED", "cancelled"},
 		{"deadline", wrap(context.DeadlineExceeded), codes.DeadlineExceeded, "DEADLINE_EXCEEDED", "deadline"},
 		{"status from elsewhere", status.Error(codes.ResourceExhausted, "slow down"), codes.ResourceExhausted, "RESOURCE_EXHAUSTED", "slow down"},
 		{"unknown error hides details", errors.New("pq: password=hunter2"), codes.Internal, "INTERNAL", "internal error"},

@@ -180,7 +180,7 @@ func (a *app) report(ctx context.Context, err error) int {
 		fmt.Fprintf(a.stderr, "clusterctl: %v\n", err)
 		return exitFailed
 	}
-	what := codeName(code)
+	what := client.CodeName(code)
 	if reason := client.Reason(err); reason != "" {
 		what += " " + reason
 	}
@@ -197,22 +197,6 @@ func (a *app) report(ctx context.Context, err error) int {
 		fmt.Fprintf(a.stderr, "  (is clusterd serving gRPC on %s? set --server or CLUSTERCTL_SERVER)\n", a.server)
 	}
 	return exitFailed
-}
-
-// codeName spells a gRPC code as google.rpc.Code does (ABORTED,
-// NOT_FOUND, CANCELLED).
-func codeName(c codes.Code) string {
-	if c == codes.Canceled {
-		return "CANCELLED"
-	}
-	var b strings.Builder
-	for i, r := range c.String() {
-		if i > 0 && r >= 'A' && r <= 'Z' {
-			b.WriteByte('_')
-		}
-		b.WriteRune(r)
-	}
-	return strings.ToUpper(b.String())
 }
 
 // isTerminal reports whether w is a terminal, and its width.

@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/clusterd/clusterd/client"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 )
 
@@ -123,7 +125,7 @@ func (a *app) operationTable(ops []*longrunningpb.Operation) error {
 	}
 	if len(ops) == 1 && ops[0].GetError() != nil {
 		st := status.FromProto(ops[0].GetError())
-		what := codeName(st.Code())
+		what := client.CodeName(st.Code())
 		if r := reasonOf(st); r != "" {
 			what += " " + r
 		}
@@ -142,7 +144,7 @@ func operationStatus(op *longrunningpb.Operation) string {
 		return "running"
 	case op.GetError() == nil:
 		return "succeeded"
-	case op.GetError().GetCode() == 1: // CANCELLED
+	case codes.Code(op.GetError().GetCode()) == codes.Canceled:
 		return "cancelled"
 	}
 	return "failed"
