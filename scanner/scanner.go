@@ -50,7 +50,7 @@ type Store interface {
 // Recoverer starts the jobs that move clusters back (the service's
 // operations, so the work is a job like any other and survives a crash).
 type Recoverer interface {
-	RecoverOrphan(ctx context.Context, c repository.Cluster, orphanKind, reason string) error
+	RecoverOrphan(ctx context.Context, c repository.Cluster, orphan repository.Job, reason string) error
 	RetryDestroy(ctx context.Context, c repository.Cluster, reason string) error
 	MarkFaulty(ctx context.Context, c repository.Cluster, reason string) error
 	RecoverAlert(ctx context.Context, c repository.Cluster) error
@@ -392,7 +392,7 @@ func (s *Scanner) orphans(ctx context.Context, r *Report) {
 				destroys++
 			}
 		}
-		s.act(r, c, "recover orphan", func() error { return s.cfg.Recoverer.RecoverOrphan(ctx, c, j.Kind, reason) })
+		s.act(r, c, "recover orphan", func() error { return s.cfg.Recoverer.RecoverOrphan(ctx, c, j, reason) })
 	}
 }
 

@@ -22,9 +22,9 @@ import (
 // races them.
 
 // atRestRig is a rig whose scanner passes only when the test says, and
-// reconciles at every pass.
-func atRestRig(t *testing.T, b repotest.Backend) (*rig, func()) {
-	r := newRig(t, b, func(c *Config) { c.ReconcileInterval = time.Nanosecond })
+// reconciles at every pass; mutate changes its configuration further.
+func atRestRig(t *testing.T, b repotest.Backend, mutate ...func(*Config)) (*rig, func()) {
+	r := newRig(t, b, append([]func(*Config){func(c *Config) { c.ReconcileInterval = time.Nanosecond }}, mutate...)...)
 	pass := func() {
 		t.Helper()
 		if rep := r.srv.scanner.Pass(r.ctx); len(rep.Errors) > 0 || rep.Skipped != "" {

@@ -48,6 +48,10 @@ type op struct {
 	// total is the number of steps the operation expects so far; it grows as
 	// each phase learns how much work it has.
 	total int32
+	// repairKind is the kind of operation whose leftovers a failure repairs
+	// (repair): the job's own kind, or, for the recovery of an orphan, the
+	// orphan's (repairKind).
+	repairKind string
 }
 
 // expect adds n steps to what the operation reports it will take.
@@ -94,7 +98,7 @@ var errShuttingDown = errors.New("server shutting down")
 // its adoption wrote it): its work, then the success release; or, on
 // failure, the repair of what it left and the failure release.
 func (s *Clusters) task(c repository.Cluster, job repository.Job, work workFunc) (*op, runner.Task) {
-	o := &op{s: s, job: job, cluster: c, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed}
+	o := &op{s: s, job: job, cluster: c, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed, repairKind: job.Kind}
 	return o, runner.Task{
 		Job: job,
 		Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
