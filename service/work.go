@@ -217,7 +217,8 @@ func (o *op) move(ctx context.Context, ev lifecycle.Event, msg string) (reposito
 // since the failure may be that the cluster was taken.
 //
 // An end that would leave the cluster RUNNING first compares its machines
-// with the record as the end writes it (SPEC §5.2): if they do not match,
+// with the record as the end writes it (SPEC §5.2), and one that would
+// leave it STOPPED compares the nodes' versions: if they do not match,
 // the state machine's Settle ends it ALERT instead, and the history entry
 // says what does not match. This is the one check of every operation's end,
 // whatever it started from (an operation from ALERT must not end RUNNING on
@@ -239,7 +240,7 @@ func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Chan
 		}
 	}
 	d := lifecycle.End(c.State, ev)
-	if lifecycle.Healthy(d.To) || ev != lifecycle.OperationSucceeded {
+	if lifecycle.Versioned(d.To) || ev != lifecycle.OperationSucceeded {
 		machines, err := o.s.infra.Machines(ctx, c.ID)
 		if err != nil {
 			return nil, c, fmt.Errorf("read the machines for the end of %s: %w", o.job.ID, err)
@@ -248,8 +249,11 @@ func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Chan
 		if ch.Spec != nil {
 			recorded = ch.Spec.KubernetesVersion
 		}
-		if lifecycle.Healthy(d.To) {
-			mismatch := infra.Mismatch(machines, recorded)
+		if lifecycle.Versioned(d.To) {
+			mismatch := infra.VersionsOff(machines, recorded)
+			if lifecycle.Healthy(d.To) {
+				mismatch = infra.Mismatch(machines, recorded)
+			}
 			d = lifecycle.Settle(d, mismatch == "")
 			if mismatch != "" {
 				msg += "; the machines do not match the record: " + mismatch
