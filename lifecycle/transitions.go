@@ -218,6 +218,19 @@ var healthy = map[State]bool{Running: true}
 // operation that would end in s compares them first (Settle).
 func Healthy(s State) bool { return healthy[s] }
 
+// versioned lists the states at rest that vouch for the nodes' Kubernetes
+// version: RUNNING (which Healthy asks more of) and STOPPED, whose nodes,
+// though off, are the record's.
+var versioned = map[State]bool{Running: true, Stopped: true}
+
+// Versioned reports whether a cluster in state s must have every node at
+// its recorded Kubernetes version (SPEC §5.2: nodes on another version than
+// the record are not healthy, and the cluster stays ALERT until an upgrade
+// makes them equal). An operation that would end in s compares them first
+// (Settle), so a stop from ALERT after a failed upgrade does not file the
+// cluster as STOPPED on nodes the record does not describe.
+func Versioned(s State) bool { return versioned[s] }
+
 // Decision is the state machine's answer for one write: a cluster in state
 // From receives Event (EventUnspecified: none, the cluster keeps its state)
 // and goes to To. Like raft's Ready, it is computed once, by whoever read the
@@ -250,8 +263,10 @@ func Stay(from State) Decision { return Decision{From: from, To: from} }
 
 // Settle is how an operation ends, given its decision d (End's) and
 // whether the cluster's machines match the record (every machine running,
-// joined and at the recorded Kubernetes version). An end that would leave
-// the cluster in a Healthy state with machines that do not match finds the
+// joined and at the recorded Kubernetes version for a Healthy state; every
+// node at the recorded version for another Versioned one, STOPPED). An end
+// that would leave the cluster in a Versioned state with machines that do
+// not match finds the
 // faults in the same write (SPEC §5.2: an operation that ends RUNNING
 // leaves every machine running, joined and at the recorded version, or ends
 // ALERT naming what is not, whether it started from RUNNING or ALERT): the
@@ -265,7 +280,7 @@ func Stay(from State) Decision { return Decision{From: from, To: from} }
 // is what the scanner would write a moment later, without the moment in
 // which the cluster is RUNNING on machines that say otherwise.
 func Settle(d Decision, matches bool) Decision {
-	if matches || !Healthy(d.To) {
+	if matches || !Versioned(d.To) {
 		return d
 	}
 	to, err := Next(d.To, FaultsDetected)

@@ -484,8 +484,21 @@ func TestHealthy(t *testing.T) {
 	}
 }
 
-// TestSettle: an operation's end that would leave the cluster RUNNING on
-// machines that do not match the record ends ALERT by FAULTS_DETECTED,
+func TestVersioned(t *testing.T) {
+	for _, s := range States() {
+		want := s == Running || s == Stopped
+		if got := Versioned(s); got != want {
+			t.Errorf("Versioned(%s) = %v; want %v", s, got, want)
+		}
+		if Healthy(s) && !Versioned(s) {
+			t.Errorf("%s is Healthy but not Versioned", s)
+		}
+	}
+}
+
+// TestSettle: an operation's end that would leave the cluster RUNNING (or
+// STOPPED) on machines that do not match the record ends ALERT by
+// FAULTS_DETECTED,
 // whichever operation state it ends and whether it succeeded or failed
 // (IMPORTING and REMOVING_NODES end RUNNING either way); every other end is
 // left as End decided it.
@@ -498,7 +511,7 @@ func TestSettle(t *testing.T) {
 			}
 			got := Settle(d, false)
 			want := d
-			if d.To == Running {
+			if d.To == Running || d.To == Stopped {
 				want = Decision{From: from, Event: FaultsDetected, To: Alert}
 			}
 			if got != want {

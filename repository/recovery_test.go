@@ -28,7 +28,7 @@ func claimOn(t *testing.T, s *repository.Store, name string, srv repository.Serv
 	t.Helper()
 	c := running(t, s, name)
 	c, j, err := s.Claim(ctxT(t), repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.ScaleUpRequested},
-		repository.NewJob{Kind: "scale", ServerID: srv.ID, ServerIncarnation: srv.Incarnation, Deadline: time.Now().Add(time.Hour)})
+		repository.NewJob{Kind: "scale", Params: `{"workers":2}`, ServerID: srv.ID, ServerIncarnation: srv.Incarnation, Deadline: time.Now().Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,8 +336,8 @@ func TestOrphans(t *testing.T) {
 			t.Errorf("Orphans returned %d clusters; want %d", len(got), len(want))
 		}
 		for st, j := range ended {
-			if g := jobs[j.ID]; g.Status != st || g.Kind != "scale" || g.Error != errJSON("ended "+string(st)) {
-				t.Errorf("Orphans' job %s = %+v; want kind scale, %s, with its error", j.ID, g, st)
+			if g := jobs[j.ID]; g.Status != st || g.Kind != "scale" || g.Error != errJSON("ended "+string(st)) || g.Params != `{"workers":2}` {
+				t.Errorf("Orphans' job %s = %+v; want kind scale, %s, with its error and parameters", j.ID, g, st)
 			}
 		}
 		if len(jobs) != len(ended) {

@@ -51,8 +51,9 @@ func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
 // over (SPEC §5.1), those held by an operation first: a cluster that names
 // an operation whose job is not IN_PROGRESS (ended, or missing), and an
 // unheld cluster in an operation state, CREATED or DESTROYING. Jobs maps
-// each named operation that exists to its job (ID, Kind, Status and Error
-// only). A job that is IN_PROGRESS holds its cluster as far as this query
+// each named operation that exists to its job (ID, Kind, Status, Error and
+// Params only: a recovery of an interrupted recovery repairs for the kind
+// its parameters name). A job that is IN_PROGRESS holds its cluster as far as this query
 // goes: liveness fails the jobs of dead servers first.
 //
 // It is an anti-join on two indexes, the held clusters (current_operation)
@@ -66,10 +67,10 @@ func (s *Store) Orphans(ctx context.Context, limit int) ([]Cluster, map[string]J
 			states = append(states, st.String())
 		}
 	}
-	rows, err := s.rdb.WithContext(ctx).Raw("SELECT "+clusterCols+", j.id, j.kind, j.status, j.error"+
+	rows, err := s.rdb.WithContext(ctx).Raw("SELECT "+clusterCols+", j.id, j.kind, j.status, j.error, j.params"+
 		" FROM clusters c LEFT JOIN jobs j ON j.id = c.current_operation"+
 		" WHERE c.current_operation > '' AND c.state <> ? AND (j.id IS NULL OR j.status <> ?)"+
-		" UNION ALL SELECT "+clusterCols+", NULL, NULL, NULL, NULL FROM clusters c"+
+		" UNION ALL SELECT "+clusterCols+", NULL, NULL, NULL, NULL, NULL FROM clusters c"+
 		" WHERE c.state IN ? AND c.current_operation = '' LIMIT ?",
 		lifecycle.Destroyed.String(), string(JobInProgress), states, limit).Rows()
 	if err != nil {
@@ -79,8 +80,8 @@ func (s *Store) Orphans(ctx context.Context, limit int) ([]Cluster, map[string]J
 	var out []Cluster
 	jobs := map[string]Job{}
 	for rows.Next() {
-		var id, kind, status, jerr sql.NullString
-		r, err := scanCluster(rows, &id, &kind, &status, &jerr)
+		var id, kind, status, jerr, params sql.NullString
+		r, err := scanCluster(rows, &id, &kind, &status, &jerr, &params)
 		if err != nil {
 			return nil, nil, fmt.Errorf("list orphans: %w", classify(err))
 		}
@@ -90,7 +91,7 @@ func (s *Store) Orphans(ctx context.Context, limit int) ([]Cluster, map[string]J
 		}
 		out = append(out, c)
 		if id.Valid {
-			jobs[id.String] = Job{ID: id.String, Kind: kind.String, Status: JobStatus(status.String), Error: jerr.String}
+			jobs[id.String] = Job{ID: id.String, Kind: kind.String, Status: JobStatus(status.String), Error: jerr.String, Params: params.String}
 		}
 	}
 	if err := rows.Err(); err != nil {

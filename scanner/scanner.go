@@ -50,7 +50,7 @@ type Store interface {
 // Recoverer starts the jobs that move clusters back (the service's
 // operations, so the work is a job like any other and survives a crash).
 type Recoverer interface {
-	RecoverOrphan(ctx context.Context, c repository.Cluster, orphanKind, reason string) error
+	RecoverOrphan(ctx context.Context, c repository.Cluster, orphan repository.Job, reason string) error
 	RetryDestroy(ctx context.Context, c repository.Cluster, reason string) error
 	MarkFaulty(ctx context.Context, c repository.Cluster, reason string) error
 	RecoverAlert(ctx context.Context, c repository.Cluster) error
@@ -392,7 +392,7 @@ func (s *Scanner) orphans(ctx context.Context, r *Report) {
 				destroys++
 			}
 		}
-		s.act(r, c, "recover orphan", func() error { return s.cfg.Recoverer.RecoverOrphan(ctx, c, j.Kind, reason) })
+		s.act(r, c, "recover orphan", func() error { return s.cfg.Recoverer.RecoverOrphan(ctx, c, j, reason) })
 	}
 }
 
@@ -565,7 +565,9 @@ func (s *Scanner) reconcilePage(ctx context.Context) ([]repository.Cluster, erro
 // what does not match. An ALERT cluster is brought back only when its
 // machines match the record, so nodes that all run a version the record
 // does not (an upgrade cancelled after its last node) keep it in ALERT
-// until an upgrade records it.
+// until an upgrade records it; nor is such a cluster stopped when its
+// machines are all off. A STOPPED cluster's nodes are the record's too
+// (lifecycle.Versioned): off, and at the recorded version.
 func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms []infra.Machine) (string, func() error) {
 	allows := func(e lifecycle.Event) bool { _, err := lifecycle.Next(c.State, e); return err == nil }
 	running := 0
@@ -575,6 +577,7 @@ func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms 
 		}
 	}
 	mismatch := infra.Mismatch(ms, c.Spec.KubernetesVersion)
+	versionsOff := infra.VersionsOff(ms, c.Spec.KubernetesVersion)
 	switch {
 	case allows(lifecycle.FaultsDetected) && lifecycle.Healthy(c.State):
 		if mismatch != "" {
@@ -582,14 +585,20 @@ func (s *Scanner) reconcileAction(ctx context.Context, c repository.Cluster, ms 
 			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
 		}
 	case allows(lifecycle.FaultsDetected):
-		// STOPPED wants every machine off.
+		// STOPPED wants every machine off, at the recorded version.
 		if running > 0 {
 			reason := fmt.Sprintf("%d of %d machines are not in the power state %s wants", running, len(ms), c.State)
 			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
 		}
+		if v := versionsOff; v != "" && lifecycle.Versioned(c.State) {
+			reason := "the machines do not match the record: " + v
+			return "faults detected", func() error { return s.cfg.Recoverer.MarkFaulty(ctx, c, reason) }
+		}
 	case allows(lifecycle.RecoveryRequested) && mismatch == "":
 		return "recover", func() error { return s.cfg.Recoverer.RecoverAlert(ctx, c) }
-	case allows(lifecycle.StopRequested) && running == 0:
+	case allows(lifecycle.StopRequested) && running == 0 && versionsOff == "":
+		// Not on nodes the record does not describe: the stop would end
+		// ALERT again (Settle); an upgrade is what brings such a cluster back.
 		return "stop", func() error { return s.cfg.Recoverer.StopAlert(ctx, c) }
 	}
 	return "", nil

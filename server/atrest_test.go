@@ -22,9 +22,9 @@ import (
 // races them.
 
 // atRestRig is a rig whose scanner passes only when the test says, and
-// reconciles at every pass.
-func atRestRig(t *testing.T, b repotest.Backend) (*rig, func()) {
-	r := newRig(t, b, func(c *Config) { c.ReconcileInterval = time.Nanosecond })
+// reconciles at every pass; mutate changes its configuration further.
+func atRestRig(t *testing.T, b repotest.Backend, mutate ...func(*Config)) (*rig, func()) {
+	r := newRig(t, b, append([]func(*Config){func(c *Config) { c.ReconcileInterval = time.Nanosecond }}, mutate...)...)
 	pass := func() {
 		t.Helper()
 		if rep := r.srv.scanner.Pass(r.ctx); len(rep.Errors) > 0 || rep.Skipped != "" {
@@ -237,5 +237,63 @@ func TestAtRest_ReconciliationComparesEachMachineWithTheRecord(t *testing.T) {
 				t.Errorf("%s: a second pass took %s to %s held by %q; want ALERT, left alone", tc.name, name, c.GetState(), c.GetCurrentOperation())
 			}
 		}
+	})
+}
+
+// A stop from ALERT after an upgrade cancelled after every node powers the
+// machines off, but cannot file the cluster STOPPED at 1.30.2 over nodes on
+// 1.30.5 (the chaos soak's "STOPPED on mixed versions" after a failed
+// upgrade): it ends ALERT naming the versions, and reconciliation leaves
+// it there rather than stopping it (its machines are all off). The
+// upgrade from ALERT records 1.30.5; then the machines, all off and at the
+// record's version, are stopped by reconciliation, and a start ends
+// RUNNING.
+func TestAtRest_StopOnNodesOffTheRecordEndsAlert(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		r, pass := atRestRig(t, b)
+		name := r.create("stopped-off-record", 1).GetName()
+		offRecord := "nodes run 1.30.5 on 2 nodes, not the recorded 1.30.2"
+
+		f := r.hold(infra.StepDetachISO, name)
+		op := r.accepted(r.upgrade(name, "1.30.5"))
+		r.heldBy(f)
+		r.cancel(op)
+		r.let(f)
+		r.failed(op)
+		if c := r.cluster(name); c.GetState() != clv1.Cluster_ALERT || c.GetKubernetesVersion() != "1.30.2" {
+			t.Fatalf("after the cancelled upgrade %s is %s at %s; want ALERT at 1.30.2", name, c.GetState(), c.GetKubernetesVersion())
+		}
+
+		r.succeeded(r.accepted(r.stopCluster(name)))
+		c := r.cluster(name)
+		end := r.lastEntry(name)
+		if c.GetState() != clv1.Cluster_ALERT || end.Name != lifecycle.FaultsDetected.String() || !strings.Contains(end.Message, offRecord) {
+			t.Fatalf("after a stop %s is %s, last entry %s %q; want ALERT by FAULTS_DETECTED naming %q", name, c.GetState(), end.Name, end.Message, offRecord)
+		}
+		for _, n := range c.GetNodes() {
+			if n.GetPower() != clv1.Node_STOPPED {
+				t.Errorf("after the stop node %s is %s; want STOPPED", n.GetName(), n.GetPower())
+			}
+		}
+
+		pass()
+		if c := r.cluster(name); c.GetState() != clv1.Cluster_ALERT || c.GetCurrentOperation() != "" {
+			t.Fatalf("after reconciliation %s is %s held by %q; want ALERT, left alone", name, c.GetState(), c.GetCurrentOperation())
+		}
+
+		// The upgrade records the nodes' version; its machines are off, so
+		// it ends ALERT, and reconciliation stops it for good.
+		r.succeeded(r.accepted(r.upgrade(name, "1.30.5")))
+		pass()
+		r.waitState(t, name, clv1.Cluster_STOPPED)
+		if c := r.cluster(name); c.GetKubernetesVersion() != "1.30.5" {
+			t.Errorf("STOPPED %s records %s; want 1.30.5", name, c.GetKubernetesVersion())
+		}
+		r.succeeded(r.accepted(r.startCluster(name)))
+		c = r.cluster(name)
+		if c.GetState() != clv1.Cluster_RUNNING || c.GetKubernetesVersion() != "1.30.5" {
+			t.Errorf("after a start %s is %s at %s; want RUNNING at 1.30.5", name, c.GetState(), c.GetKubernetesVersion())
+		}
+		machinesMatch(t, c)
 	})
 }

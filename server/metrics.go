@@ -201,12 +201,12 @@ func (r countedRecoverer) count(kind string, err error) error {
 
 // RecoverOrphan counts an orphan taken over (a DESTROYING cluster's destroy
 // retried counts as destroy_retry).
-func (r countedRecoverer) RecoverOrphan(ctx context.Context, c repository.Cluster, orphanKind, reason string) error {
+func (r countedRecoverer) RecoverOrphan(ctx context.Context, c repository.Cluster, orphan repository.Job, reason string) error {
 	kind := "orphan"
 	if ev, _ := lifecycle.OrphanEvent(c.State); ev == lifecycle.DestroyRequested {
 		kind = "destroy_retry"
 	}
-	return r.count(kind, r.Recoverer.RecoverOrphan(ctx, c, orphanKind, reason))
+	return r.count(kind, r.Recoverer.RecoverOrphan(ctx, c, orphan, reason))
 }
 
 // RetryDestroy counts a failed destroy retried.

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -22,13 +23,13 @@ import (
 // live server (SPEC §5.1): a DESTROYING cluster is destroyed again in place;
 // any other is claimed in place by a recovery job that repairs what the
 // interrupted operation left (SPEC §5.3) and then ends the operation with its
-// orphan event (-> ALERT, RUNNING or ERROR). orphanKind is the interrupted
-// job's kind ("" if unknown); reason goes to the history.
-func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orphanKind, reason string) error {
+// orphan event (-> ALERT, RUNNING or ERROR). orphan is the interrupted job
+// (zero if it does not exist); reason goes to the history.
+func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orphan repository.Job, reason string) error {
 	if ev, _ := lifecycle.OrphanEvent(c.State); ev == lifecycle.DestroyRequested {
 		return s.RetryDestroy(ctx, c, reason)
 	}
-	plan := recoverPlan{Orphan: c.CurrentOperation, Kind: orphanKind, Reason: reason}
+	plan := recoverPlan{Orphan: c.CurrentOperation, Kind: repairKind(orphan), Reason: reason}
 	t := repository.Move(c, lifecycle.Stay(c.State))
 	t.History = repository.RecoveryStarted
 	t.Message = fmt.Sprintf("recovering orphaned operation %s: %s", operationName(c.CurrentOperation), reason)
@@ -45,12 +46,31 @@ type recoverPlan struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// repairKind is the kind of operation whose leftovers a recovery of job j
+// repairs: j's own kind, or, when j is itself a recovery of an orphan (lost
+// or failed before it ended), the kind of the operation that one was
+// repairing. Without it a chain of recoveries forgets that a scale, add or
+// remove was changing the node set, keeps its joined machines and leaves
+// the spec's counts behind them (SPEC §5.3).
+func repairKind(j repository.Job) string {
+	if j.Kind != VerbRecover {
+		return j.Kind
+	}
+	var p recoverPlan
+	if err := json.Unmarshal([]byte(j.Params), &p); err != nil {
+		return j.Kind
+	}
+	return p.Kind
+}
+
 // orphanWork repairs what the orphaned operation left (SPEC §5.3) and then
 // ends it with the orphan event of the state it held the cluster in (->
 // ALERT, RUNNING or ERROR; a state with none, e.g. an ERROR cluster whose
-// in-place start died, is only released), whatever the repairs do.
+// in-place start died, is only released), whatever the repairs do. Should
+// it fail, its repair on the way out is for the orphan's kind too.
 func (s *Clusters) orphanWork(p recoverPlan) workFunc {
 	return func(ctx context.Context, o *op) (repository.Changes, error) {
+		o.repairKind = p.Kind
 		c, err := o.held(ctx)
 		if err != nil {
 			return repository.Changes{}, err
@@ -286,7 +306,7 @@ func (o *op) fix(ctx context.Context, c repository.Cluster, step string, do func
 // machine left is not converged by anything later (a start would join it).
 func (o *op) repairAfterFailure(ctx context.Context) (repository.Changes, error) {
 	o.ending = true
-	ch, err := o.repair(ctx, o.job.Kind)
+	ch, err := o.repair(ctx, o.repairKind)
 	switch {
 	case err == nil, errors.Is(err, errNotHeld):
 	case errors.Is(err, repository.ErrUnavailable):

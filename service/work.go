@@ -48,6 +48,10 @@ type op struct {
 	// total is the number of steps the operation expects so far; it grows as
 	// each phase learns how much work it has.
 	total int32
+	// repairKind is the kind of operation whose leftovers a failure repairs
+	// (repair): the job's own kind, or, for the recovery of an orphan, the
+	// orphan's (repairKind).
+	repairKind string
 }
 
 // expect adds n steps to what the operation reports it will take.
@@ -94,7 +98,7 @@ var errShuttingDown = errors.New("server shutting down")
 // its adoption wrote it): its work, then the success release; or, on
 // failure, the repair of what it left and the failure release.
 func (s *Clusters) task(c repository.Cluster, job repository.Job, work workFunc) (*op, runner.Task) {
-	o := &op{s: s, job: job, cluster: c, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed}
+	o := &op{s: s, job: job, cluster: c, endEvent: lifecycle.OperationSucceeded, failEvent: lifecycle.OperationFailed, repairKind: job.Kind}
 	return o, runner.Task{
 		Job: job,
 		Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
@@ -213,7 +217,8 @@ func (o *op) move(ctx context.Context, ev lifecycle.Event, msg string) (reposito
 // since the failure may be that the cluster was taken.
 //
 // An end that would leave the cluster RUNNING first compares its machines
-// with the record as the end writes it (SPEC §5.2): if they do not match,
+// with the record as the end writes it (SPEC §5.2), and one that would
+// leave it STOPPED compares the nodes' versions: if they do not match,
 // the state machine's Settle ends it ALERT instead, and the history entry
 // says what does not match. This is the one check of every operation's end,
 // whatever it started from (an operation from ALERT must not end RUNNING on
@@ -235,7 +240,7 @@ func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Chan
 		}
 	}
 	d := lifecycle.End(c.State, ev)
-	if lifecycle.Healthy(d.To) || ev != lifecycle.OperationSucceeded {
+	if lifecycle.Versioned(d.To) || ev != lifecycle.OperationSucceeded {
 		machines, err := o.s.infra.Machines(ctx, c.ID)
 		if err != nil {
 			return nil, c, fmt.Errorf("read the machines for the end of %s: %w", o.job.ID, err)
@@ -244,8 +249,11 @@ func (o *op) release(ctx context.Context, ev lifecycle.Event, ch repository.Chan
 		if ch.Spec != nil {
 			recorded = ch.Spec.KubernetesVersion
 		}
-		if lifecycle.Healthy(d.To) {
-			mismatch := infra.Mismatch(machines, recorded)
+		if lifecycle.Versioned(d.To) {
+			mismatch := infra.VersionsOff(machines, recorded)
+			if lifecycle.Healthy(d.To) {
+				mismatch = infra.Mismatch(machines, recorded)
+			}
 			d = lifecycle.Settle(d, mismatch == "")
 			if mismatch != "" {
 				msg += "; the machines do not match the record: " + mismatch
