@@ -210,9 +210,9 @@ func TestStatementBudget(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			e := newBudgetEnv(t, b)
 			var c *clv1.Cluster
-			// An operation that ends RUNNING reads its machines once more,
-			// to compare them with the record (issue 17 §3): one more
-			// infrastructure statement for create, start and scale.
+			// An operation that ends RUNNING or STOPPED reads its machines
+			// once more, to compare them with the record: one more
+			// infrastructure statement for create, start, scale and stop.
 			ops := []struct {
 				name string
 				want budget
@@ -238,7 +238,7 @@ func TestStatementBudget(t *testing.T) {
 						t.Fatal(err)
 					}
 				}},
-				{"StopCluster 1+2", budget{rpc: 4, job: 6, infra: 19, tx: 5}, func(t *testing.T, ctx context.Context) {
+				{"StopCluster 1+2", budget{rpc: 4, job: 6, infra: 20, tx: 5}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.StopCluster(ctx, &clv1.StopClusterRequest{Name: c.GetName(), RequestId: uuid.NewString()})
 					if err != nil {
 						t.Fatal(err)
