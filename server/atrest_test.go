@@ -75,13 +75,12 @@ func TestAtRest_CancelledUpgradeAfterEveryNodeStaysAlert(t *testing.T) {
 		name := r.create("cancelled-upgrade", 1).GetName()
 		offRecord := "nodes run 1.30.5 on 2 nodes, not the recorded 1.30.2"
 
-		// Both nodes are upgraded; the cancel lands while the first ISO is
-		// detached, so the upgrade stops before its end records 1.30.5.
+		// Both nodes are upgraded; the cancel ends the first ISO's detach,
+		// held, so the upgrade stops before its end records 1.30.5.
 		f := r.hold(infra.StepDetachISO, name)
 		op := r.accepted(r.upgrade(name, "1.30.5"))
 		r.heldBy(f)
 		r.cancel(op)
-		r.let(f)
 		r.failed(op)
 		c := r.cluster(name)
 		if c.GetState() != clv1.Cluster_ALERT || c.GetKubernetesVersion() != "1.30.2" {
@@ -123,23 +122,27 @@ func TestAtRest_CancelledUpgradeAfterEveryNodeStaysAlert(t *testing.T) {
 	})
 }
 
-// A start cancelled after powering on one machine leaves the cluster ALERT
-// with the others off. Before, a RemoveNodes from there succeeded and set
-// RUNNING with a machine still off (and a scale and an upgrade then went
-// on on it). Now the remove ends ALERT naming the machine that is off, as
-// does a scale from ALERT that leaves it off; the start that powers it on
-// ends RUNNING.
+// A cluster ALERT with one machine on and the others off (as a start
+// cancelled after powering on one machine leaves it; here a stopped
+// cluster's control node powered on out of band, which reconciliation takes
+// to ALERT). Before, a RemoveNodes from there succeeded and set RUNNING
+// with a machine still off (and a scale and an upgrade then went on on it).
+// Now the remove ends ALERT naming the machine that is off, as does a scale
+// from ALERT that leaves it off; the start that powers it on ends RUNNING.
 func TestAtRest_RemoveNodesFromAlertWithAMachineOffEndsAlert(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
 		r, pass := atRestRig(t, b)
 		name := r.stopped("remove-from-alert", 2).GetName()
 
-		f := r.hold(infra.StepPowerOn, name)
-		start := r.accepted(r.startCluster(name))
-		r.heldBy(f)
-		r.cancel(start)
-		r.let(f)
-		r.failed(start)
+		for _, n := range r.cluster(name).GetNodes() {
+			if n.GetRole() != clv1.Node_CONTROL {
+				continue
+			}
+			if _, err := r.clients.sim.SetMachinePower(r.ctx, &clv1.SetMachinePowerRequest{Name: n.GetName(), Power: clv1.Node_RUNNING}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pass()
 		c := r.cluster(name)
 		var on []string
 		var off []*clv1.Node
@@ -257,8 +260,7 @@ func TestAtRest_StopOnNodesOffTheRecordEndsAlert(t *testing.T) {
 		f := r.hold(infra.StepDetachISO, name)
 		op := r.accepted(r.upgrade(name, "1.30.5"))
 		r.heldBy(f)
-		r.cancel(op)
-		r.let(f)
+		r.cancel(op) // ends the held detach at once
 		r.failed(op)
 		if c := r.cluster(name); c.GetState() != clv1.Cluster_ALERT || c.GetKubernetesVersion() != "1.30.2" {
 			t.Fatalf("after the cancelled upgrade %s is %s at %s; want ALERT at 1.30.2", name, c.GetState(), c.GetKubernetesVersion())
