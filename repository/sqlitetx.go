@@ -62,7 +62,10 @@ func (c *immediateConn) Begin() (driver.Tx, error) {
 }
 
 // BeginTx begins a read-only transaction as the driver does (DEFERRED: it
-// never writes), any other with BEGIN IMMEDIATE.
+// never writes), any other with BEGIN IMMEDIATE. Like the driver's BEGIN, it
+// runs without ctx: database/sql has checked ctx already, and SQLite does
+// not interrupt a wait for the write lock anyway, so ctx would only cost a
+// goroutine a transaction.
 func (c *immediateConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if opts.ReadOnly {
 		if bc, ok := c.Conn.(driver.ConnBeginTx); ok {
@@ -70,7 +73,7 @@ func (c *immediateConn) BeginTx(ctx context.Context, opts driver.TxOptions) (dri
 		}
 		return c.Conn.Begin() //nolint:staticcheck // the driver has nothing else
 	}
-	if _, err := c.ExecContext(ctx, "BEGIN IMMEDIATE", nil); err != nil {
+	if _, err := c.ExecContext(context.Background(), "BEGIN IMMEDIATE", nil); err != nil {
 		return nil, err
 	}
 	return immediateTx{c: c}, nil

@@ -2,10 +2,14 @@ package repository_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 )
@@ -96,5 +100,67 @@ func TestReadThenWriteTransactionsOfTwoStoresOnOneDatabase(t *testing.T) {
 				t.Fatalf("after %d flips the machine is %q, %v; want %s", total, m.Power, err, want)
 			}
 		})
+	}
+}
+
+// On SQLite, a write that waited out the busy timeout (SQLITE_BUSY: another
+// Store on the file held the write lock all along) lost no compare-and-set:
+// like MySQL's lock wait timeout, it is run again, and succeeds once the
+// lock is free.
+func TestSQLiteBusyIsRetriedNotAConflict(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		if b.Name != "sqlite" {
+			continue
+		}
+		ctx := ctxT(t)
+		dsn := b.NewDSN(t)
+		r := newRetries()
+		s, err := repository.Open(ctx, dsn, repository.WithRetryHook(r.hook))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		c := running(t, s, "web")
+
+		// Another writer on the file holds its write lock.
+		raw, err := sql.Open("sqlite", strings.TrimPrefix(dsn, "sqlite:"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = raw.Close() })
+		other, err := raw.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		if _, err := other.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			t.Fatal(err)
+		}
+
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StopRequested, Operation: "stop"})
+			done <- err
+		}()
+		select {
+		case <-r.first: // the first attempt waited out the busy timeout
+		case err := <-done:
+			t.Fatalf("the write did not wait for the lock: %v", err)
+		case <-time.After(2 * time.Minute):
+			t.Fatal("the write never gave up waiting for the lock")
+		}
+		if _, err := other.ExecContext(ctx, "ROLLBACK"); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("write after SQLITE_BUSY: %v; want it retried and written", err)
+		}
+		got, _ := s.GetCluster(ctx, c.ID)
+		if got.State != lifecycle.Stopping || got.Version != c.Version+1 {
+			t.Errorf("cluster after the retried write: %v; want STOPPING at v%d", got.Expect(), c.Version+1)
+		}
+		if errs := r.seen(); len(errs) == 0 || !strings.Contains(errs[0].Error(), "SQLITE_BUSY") {
+			t.Errorf("retries seen: %v; want SQLITE_BUSY first", errs)
+		}
 	}
 }
