@@ -113,6 +113,9 @@ func classify(err error) error {
 	if isSQLiteUnique(err) {
 		return fmt.Errorf("%w: %w", ErrAlreadyExists, err)
 	}
+	if isSQLiteBusy(err) {
+		return fmt.Errorf("%w: %w: %w", ErrUnavailable, errLockConflict, err)
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
@@ -123,8 +126,42 @@ func classify(err error) error {
 	return err
 }
 
-// isLockWaitTimeout reports whether err is MySQL's lock wait timeout (1205).
+// isLockWaitTimeout reports whether err is MySQL's lock wait timeout (1205)
+// or SQLite's SQLITE_BUSY after its busy timeout: either has already waited.
 func isLockWaitTimeout(err error) bool {
 	var my *mysql.MySQLError
-	return errors.As(err, &my) && my.Number == mysqlLockWaitTimeout
+	if errors.As(err, &my) {
+		return my.Number == mysqlLockWaitTimeout
+	}
+	return isSQLiteBusy(err) && sqliteCode(err) != sqliteBusySnapshot
+}
+
+// SQLite result codes: SQLITE_BUSY (5, with its extended codes in the high
+// bits), and SQLITE_BUSY_SNAPSHOT (517), a deferred transaction's write from
+// a snapshot another connection has since committed over.
+const (
+	sqliteBusy         = 5
+	sqliteBusySnapshot = 517
+)
+
+// isSQLiteBusy recognises SQLITE_BUSY and its extended codes: another
+// connection (another Store on the same file) held the write lock past the
+// busy timeout, or, for SQLITE_BUSY_SNAPSHOT, committed under a transaction
+// that had read. The statement failed and wrote nothing, and the Store's
+// write transactions begin IMMEDIATE (immediateConnector), so it can only be
+// the first statement of one: the whole transaction is run again (see
+// retrying), like MySQL's lock conflicts.
+func isSQLiteBusy(err error) bool {
+	code := sqliteCode(err)
+	return code >= 0 && code&0xff == sqliteBusy
+}
+
+// sqliteCode is the (extended) result code of a SQLite error, -1 for any
+// other error.
+func sqliteCode(err error) int {
+	var coded interface{ Code() int }
+	if !errors.As(err, &coded) {
+		return -1
+	}
+	return coded.Code()
 }

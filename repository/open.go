@@ -121,7 +121,8 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		if !sqliteInMemory(path) {
 			readers = dsnConnector{dsn: sqliteReaderDSN(path), drv: drv}
 		}
-		if err := s.connect(ctx, dsnConnector{dsn: sqliteDSN(path), drv: drv}, readers); err != nil {
+		writer := immediateConnector{dsnConnector{dsn: sqliteDSN(path), drv: drv}}
+		if err := s.connect(ctx, writer, readers); err != nil {
 			return nil, err
 		}
 	case strings.HasPrefix(dsn, "mysql://"):
@@ -252,15 +253,16 @@ func (s *Store) Close() error {
 }
 
 // sqliteDSN adds the pragmas clusterd relies on: WAL so readers do not block
-// the writer, a busy timeout for other processes on the same file, foreign
-// keys, and immediate transactions so a transaction takes the write lock up
-// front instead of failing at its first write.
+// the writer, a busy timeout for other processes (or Stores) on the same
+// file, and foreign keys. Transactions take the write lock up front (BEGIN
+// IMMEDIATE) instead of failing at their first write, but not through the
+// driver's _txlock parameter, which it ignores here: see immediateConnector.
 func sqliteDSN(path string) string {
 	sep := "?"
 	if strings.Contains(path, "?") {
 		sep = "&"
 	}
-	return path + sep + "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate&_time_format=sqlite"
+	return path + sep + "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_time_format=sqlite"
 }
 
 // sqliteReaderDSN is the DSN of a reader connection: read-only (a write

@@ -13,15 +13,18 @@ import (
 // errLockConflict marks a statement or transaction that InnoDB rolled back
 // because it was chosen as a deadlock victim (1213, which Galera also returns
 // at COMMIT for a certification failure) or waited too long for a lock
-// (1205). Nothing it did was written, and nobody necessarily changed what it
-// read: it lost no compare-and-set, only a lock. The Store runs it again (see
+// (1205), or that SQLite failed with SQLITE_BUSY because another connection
+// on the file held the write lock past the busy timeout (see isSQLiteBusy).
+// Nothing it did was written, and nobody necessarily changed what it read:
+// it lost no compare-and-set, only a lock. The Store runs it again (see
 // retrying); only when every attempt fails does the caller see it, as
 // ErrUnavailable (the database could not do the write just now; retry).
 var errLockConflict = errors.New("lock conflict (deadlock or lock wait timeout)")
 
 // Bounds of the retries of a lock conflict. A deadlock is detected at once,
 // so it gets more attempts; a lock wait timeout has already waited
-// innodb_lock_wait_timeout (5s unless the DSN says otherwise) each time.
+// innodb_lock_wait_timeout (5s unless the DSN says otherwise) each time, and
+// SQLITE_BUSY SQLite's busy timeout (10s).
 const (
 	maxDeadlockAttempts = 5
 	maxLockWaitAttempts = 3

@@ -1532,12 +1532,6 @@ func TestCancel_EndsTheStepInFlight(t *testing.T) {
 // watches while the step is in flight.
 func TestCancel_ThroughAnotherServerEndsTheStepInFlight(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
-		if b.Name == "sqlite" {
-			// Two servers on one SQLite file fail steps with "database is
-			// locked" on a busy machine (TestGracefulStopHandsOffToAPeer
-			// too): a limit of that setup, not of cancellation.
-			t.Skip("two servers on one SQLite file: steps fail with SQLITE_BUSY under load")
-		}
 		dsn := b.NewDSN(t)
 		owner := peerServer(t, dsn, "owner", time.Hour)
 		other := peerServer(t, dsn, "other", time.Hour)
