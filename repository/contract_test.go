@@ -42,8 +42,11 @@ func backends(t *testing.T) []repotest.Backend {
 
 var spec = repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 2, ServiceOffering: "medium"}
 
+// ctxT is a test's context: its deadline catches a hung test, and is no
+// speed goal (the 200-round claim race took 87 s of an earlier 2 minutes
+// beside another make test).
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }

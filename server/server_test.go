@@ -121,8 +121,11 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b repotest.Backend)) {
 	}
 }
 
+// tctx is a test's context: its deadline catches a hung test, and is no
+// speed goal (a rig's whole test runs on one, and a loaded machine makes
+// some take minutes).
 func tctx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
