@@ -189,6 +189,7 @@ func TestIdentity_MutualTLS(t *testing.T) {
 	if code, reason := codeOf(t, get(clv1.NewClusterLifecycleClient(anon), ctx, c.GetName())); code != codes.Unauthenticated || reason != service.ReasonCredentialsMissing {
 		t.Errorf("no certificate: %v %s; want UNAUTHENTICATED CREDENTIALS_MISSING", code, reason)
 	}
+	waitServing(ctx, t, anon, "")
 	if resp, err := healthpb.NewHealthClient(anon).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health without credentials: %v, %v; want SERVING", resp, err)
 	}
@@ -238,6 +239,7 @@ func TestIdentity_MutualTLS(t *testing.T) {
 			t.Errorf("REST %s: %d %s; want %d", tc.name, resp.StatusCode, body, tc.want)
 		}
 	}
+	waitServing(ctx, t, anon, "")
 	resp, err := httpsClient(p, nil).Get("https://" + h.srv.HTTPAddr() + "/healthz")
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Errorf("REST /healthz without credentials: %v, %v; want 200", resp, err)
@@ -401,6 +403,7 @@ func TestIdentity_PublicServices(t *testing.T) {
 	h := start(t, repotest.Backends(t)[0], withTokens(t))
 	conn := bareConn(t, h)
 	ctx := tctx(t)
+	waitServing(ctx, t, conn, "")
 	if resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health without credentials: %v, %v", resp, err)
 	}

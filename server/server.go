@@ -69,7 +69,9 @@ type Config struct {
 	JobRetention      time.Duration
 	// Logger receives every log line (default slog.Default()).
 	Logger *slog.Logger
-	// HealthInterval is how often the database is pinged for health (default 2s).
+	// HealthInterval is how often the database is pinged for health (default
+	// 2s). Each ping may take up to PeerTimeout before health turns
+	// NOT_SERVING: a slow answer is not an outage (see healthProbe).
 	HealthInterval time.Duration
 	// ShutdownTimeout bounds graceful shutdown before connections are cut (default 15s).
 	ShutdownTimeout time.Duration
@@ -229,6 +231,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
+	s.setHealth(healthpb.HealthCheckResponse_SERVING) // the database answered and the lease is held
 	reflection.Register(s.grpc)
 	s.metrics.grpc.InitializeMetrics(s.grpc)
 	s.metrics.watch(s.store, s.scanner, s.log)
@@ -361,19 +364,64 @@ func (s *Server) Serve(ctx context.Context) error {
 	return errors.Join(serveErr, shutdownErr)
 }
 
-// watchHealth reports NOT_SERVING while the database does not answer or
-// this server does not hold its lease (its heartbeat lapsed, or another
-// process took its server id).
+// watchHealth keeps the health service's statuses in step with the
+// database and the lease (see healthProbe); the health service, the REST
+// gateway's /healthz and every registered service share one status.
 func (s *Server) watchHealth(ctx context.Context) {
-	t := time.NewTicker(s.cfg.HealthInterval)
+	healthProbe{
+		interval: s.cfg.HealthInterval,
+		timeout:  s.cfg.PeerTimeout,
+		ping:     s.store.Ping,
+		lease:    s.lease.Check,
+		set:      s.setHealth,
+		log:      s.log,
+	}.run(ctx)
+}
+
+// setHealth sets the status of the whole server and of each service it
+// registers: clients ask for either.
+func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
+	for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName, clv1.Simulator_ServiceDesc.ServiceName} {
+		s.health.SetServingStatus(name, st)
+	}
+}
+
+// healthProbe decides the server's health: NOT_SERVING while the database
+// refuses or fails a ping, or does not answer one within timeout, or this
+// server does not hold its lease (its heartbeat lapsed, or another process
+// took its server id); SERVING otherwise.
+//
+// A gRPC client doing health checking, or a load balancer, takes a server
+// out of rotation the moment it reports NOT_SERVING, so NOT_SERVING must
+// mean the server cannot do its work, not that it is slow. A ping is
+// therefore given the peer timeout to answer (the time after which peers
+// take this server for dead, and its lease lapses anyway), not the polling
+// interval: on a busy machine, or behind SQLite's single writer connection
+// busy with an operation's step, a ping can take longer than the interval
+// and still answer. A ping that fails, or a lease that is lost, turns the
+// server NOT_SERVING at once; there is no count of failures to wait for.
+type healthProbe struct {
+	interval time.Duration // between pings
+	timeout  time.Duration // for one ping to answer
+	ping     func(context.Context) error
+	lease    func() error
+	set      func(healthpb.HealthCheckResponse_ServingStatus)
+	log      *slog.Logger
+}
+
+// run probes at once and then every interval until ctx is done, calling set
+// on each change (New set SERVING: it had just pinged the database and
+// acquired the lease).
+func (p healthProbe) run(ctx context.Context) {
+	t := time.NewTicker(p.interval)
 	defer t.Stop()
-	last := healthpb.HealthCheckResponse_UNKNOWN
+	last := healthpb.HealthCheckResponse_SERVING
 	for {
-		pingCtx, cancel := context.WithTimeout(ctx, s.cfg.HealthInterval)
-		err := s.store.Ping(pingCtx)
+		pingCtx, cancel := context.WithTimeout(ctx, p.timeout)
+		err := p.ping(pingCtx)
 		cancel()
 		if err == nil {
-			err = s.lease.Check()
+			err = p.lease()
 		}
 		st := healthpb.HealthCheckResponse_SERVING
 		if err != nil {
@@ -384,13 +432,11 @@ func (s *Server) watchHealth(ctx context.Context) {
 		}
 		if st != last {
 			if err != nil {
-				s.log.Warn("NOT_SERVING", "error", err)
-			} else if last != healthpb.HealthCheckResponse_UNKNOWN {
-				s.log.Info("database answering and lease held again: SERVING")
+				p.log.Warn("NOT_SERVING", "error", err)
+			} else {
+				p.log.Info("database answering and lease held again: SERVING")
 			}
-			for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName, clv1.Simulator_ServiceDesc.ServiceName} {
-				s.health.SetServingStatus(name, st)
-			}
+			p.set(st)
 			last = st
 		}
 		select {

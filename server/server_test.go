@@ -121,6 +121,29 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b repotest.Backend)) {
 	}
 }
 
+// waitServing waits, within ctx, until the health service on conn reports
+// service ("" for the whole server) SERVING. Health is a status that follows
+// the database and the lease (healthProbe), so a test that needs SERVING
+// waits for it rather than assume it at a given instant.
+func waitServing(ctx context.Context, t testing.TB, conn grpc.ClientConnInterface, service string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watch, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatalf("watch health: %v", err)
+	}
+	for {
+		resp, err := watch.Recv()
+		if err != nil {
+			t.Fatalf("health %q not SERVING: %v", service, err)
+		}
+		if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+	}
+}
+
 // tctx is a test's context: its deadline catches a hung test, and is no
 // speed goal (a rig's whole test runs on one, and a loaded machine makes
 // some take minutes).
@@ -486,6 +509,7 @@ func TestREST(t *testing.T) {
 		if code != 400 {
 			t.Errorf("negative page size over REST = %d %v; want 400", code, body)
 		}
+		waitServing(tctx(t), t, h.conn, "")
 		code, body = get("/healthz")
 		if code != 200 || body["status"] != "SERVING" {
 			t.Errorf("/healthz = %d %v", code, body)
@@ -511,14 +535,9 @@ func TestHealthFollowsTheDatabase(t *testing.T) {
 		}
 		return resp.GetStatus()
 	}
-	// Serve sets the status as it starts; a watch opened before that first
-	// sees SERVICE_UNKNOWN, then the status.
-	st := next()
-	if st == healthpb.HealthCheckResponse_SERVICE_UNKNOWN {
-		st = next()
-	}
-	if st != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("initial health = %v; want SERVING", st)
+	// New sets SERVING (it has just pinged the database and acquired the
+	// lease); wait for it rather than assume it.
+	for st := next(); st != healthpb.HealthCheckResponse_SERVING; st = next() {
 	}
 	// The database goes away under the running server.
 	_ = h.srv.store.Close()
