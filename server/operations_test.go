@@ -11,10 +11,12 @@ import (
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
-// wait blocks until the operation is done (bounded) and returns it.
+// wait blocks until the operation is done (bounded: 5 minutes, a deadline
+// for a stuck operation that a loaded machine's slow ones stay far inside)
+// and returns it.
 func (h *harness) wait(t testing.TB, op *longrunningpb.Operation) *longrunningpb.Operation {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
 		got, err := h.clients.ops.WaitOperation(tctx(t), &longrunningpb.WaitOperationRequest{Name: op.GetName(), Timeout: durationpb.New(10 * time.Second)})
 		if err != nil {
@@ -24,7 +26,7 @@ func (h *harness) wait(t testing.TB, op *longrunningpb.Operation) *longrunningpb
 			return got
 		}
 	}
-	t.Fatalf("operation %s not done after 60s", op.GetName())
+	t.Fatalf("operation %s not done after 5 minutes", op.GetName())
 	return nil
 }
 

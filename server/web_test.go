@@ -193,7 +193,10 @@ func TestWebView(t *testing.T) {
 	screenshot(t, ctx, dir, "clusters.png")
 
 	// The cluster's page: nodes, and the timeline from newest to oldest.
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#clusters a.name"))); err != nil {
+	// Clicked from within the page: the list is redrawn as the cluster
+	// changes, so a node the browser protocol found may be gone by the time
+	// it clicks ("Could not find node with given id").
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(document.querySelector('#clusters a.name').click(), true)`)); err != nil {
 		t.Fatal(err)
 	}
 	spans := see[[]webSpan](t, ctx, "the timeline of four holders",
