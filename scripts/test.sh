@@ -8,22 +8,55 @@ galera_log="$(mktemp)"
 galera_started=""
 cleanup() {
 	rm -f "$log" "$galera_log"
-	if [ -n "$galera_started" ] && [ -z "${GALERA_KEEP:-}" ]; then
-		bash scripts/galera.sh stop >/dev/null 2>&1 || true
+	if [ -n "$galera_started" ]; then
+		if [ -n "${GALERA_KEEP:-}" ]; then
+			echo "galera: kept running in $GALERA_DIR (GALERA_PORT=$GALERA_PORT)"
+		else
+			bash scripts/galera.sh destroy >/dev/null 2>&1 || true
+		fi
 	fi
 }
 trap cleanup EXIT
 
+# free_galera_port prints a GALERA_PORT whose every port (see
+# scripts/galera.sh) nothing listens on, starting at a random base.
+free_galera_port() {
+	local i base p busy
+	for i in $(seq 0 49); do
+		base=$((4306 + 100 * ((RANDOM + i) % 50)))
+		busy=""
+		for p in $((base + 1)) $((base + 2)) $((base + 3)) \
+			$((base + 10262)) $((base + 10263)) $((base + 10264)) $((base + 10265)) $((base + 10266)) $((base + 10267)) \
+			$((base + 10361)) $((base + 10362)) $((base + 10363)); do
+			if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+				busy=1
+				break
+			fi
+		done
+		if [ -z "$busy" ]; then
+			echo "$base"
+			return 0
+		fi
+	done
+	return 1
+}
+
 # A 3-node MariaDB Galera cluster on loopback for the multi-primary tests
-# (repository on Galera, cross-node races). Without it they are skipped with
-# a banner (or fail under CI).
+# (repository on Galera, cross-node races), of this run's own (its data
+# folder and ports), so that two make test runs on one machine never share
+# one, nor stop each other's. Without it they are skipped with a banner (or
+# fail under CI).
 if [ -z "${CLUSTERD_TEST_GALERA_DSNS:-}" ]; then
+	GALERA_DIR="$(mktemp -d /tmp/clusterd-galera-test.XXXXXX)"
+	GALERA_PORT="$(free_galera_port || echo 4306)"
+	export GALERA_DIR GALERA_PORT
 	if bash scripts/galera.sh start >"$galera_log" 2>&1; then
 		galera_started=1
 		CLUSTERD_TEST_GALERA_DSNS="$(for n in 1 2 3; do bash scripts/galera.sh dsn "$n"; done | paste -sd,)"
 		export CLUSTERD_TEST_GALERA_DSNS
 		echo "galera: 3 nodes on loopback ($CLUSTERD_TEST_GALERA_DSNS)"
 	else
+		galera_started=1 # destroy what it made of the cluster
 		echo "!! scripts/galera.sh could not start the Galera cluster; the Galera tests will be skipped (or fail under CI):"
 		tail -n 20 "$galera_log"
 	fi
