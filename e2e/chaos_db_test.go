@@ -48,7 +48,7 @@ type chaosGalera struct {
 
 func newChaosGalera(t *testing.T) *chaosGalera {
 	t.Helper()
-	g := startPrivateGalera(t, 6306)
+	g := startPrivateGalera(t)
 	c := &chaosGalera{t: t, g: g}
 	first := g.dsn(t, 1)
 	db, err := sql.Open("mysql", galeraDriverDSN(t, first, ""))

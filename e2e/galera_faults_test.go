@@ -3,9 +3,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,18 +27,70 @@ type privateGalera struct {
 	env []string
 }
 
-func startPrivateGalera(t *testing.T, port int) *privateGalera {
+func startPrivateGalera(t *testing.T) *privateGalera {
 	t.Helper()
 	if _, ok := repotest.Galera(t); !ok {
 		t.Skip("no Galera (see the banner): the private cluster needs galera-4 as the shared one does")
 	}
 	dir := fmt.Sprintf("/tmp/clusterd-galera-%s-%d", strings.ToLower(t.Name()), os.Getpid())
-	g := &privateGalera{env: append(os.Environ(), "GALERA_DIR="+dir, fmt.Sprintf("GALERA_PORT=%d", port))}
-	t.Cleanup(func() { _ = g.run("destroy") })
-	if err := g.run("start"); err != nil {
-		t.Fatalf("start a private Galera cluster: %v", err)
+	var err error
+	// Another test run on this machine may take the same ports between
+	// the probe and the start: then try other ones.
+	for attempt := 1; attempt <= 3; attempt++ {
+		g := &privateGalera{env: append(os.Environ(), "GALERA_DIR="+dir, fmt.Sprintf("GALERA_PORT=%d", galeraBase(t)))}
+		if err = g.run("start"); err == nil {
+			t.Cleanup(func() { _ = g.run("destroy") })
+			return g
+		}
+		_ = g.run("destroy")
 	}
-	return g
+	t.Fatalf("start a private Galera cluster: %v", err)
+	return nil
+}
+
+// galeraBases are the GALERA_PORT values this package's private clusters
+// take: 1306, 1406, ... 3206. Their ports (scripts/galera.sh: SQL P+1..3,
+// group communication and IST P+10262..P+10267, SST P+10361..P+10363) meet
+// none of make test's own cluster (scripts/test.sh: 10306-15206) nor
+// make chaos-galera's (4306), and stay below the ephemeral range.
+var galeraBases = struct {
+	sync.Mutex
+	taken map[int]bool
+}{taken: map[int]bool{}}
+
+// galeraBase picks a GALERA_PORT from galeraBases that no other test of this
+// process took and whose every port nothing on the machine listens on,
+// starting at random, so that two test runs on one machine rarely try the
+// same.
+func galeraBase(t *testing.T) int {
+	t.Helper()
+	galeraBases.Lock()
+	defer galeraBases.Unlock()
+	const first, step, n = 1306, 100, 20
+	start := rand.IntN(n)
+	for i := range n {
+		base := first + step*((start+i)%n)
+		if galeraBases.taken[base] || !galeraPortsFree(base) {
+			continue
+		}
+		galeraBases.taken[base] = true
+		return base
+	}
+	t.Fatal("no free ports for a private Galera cluster")
+	return 0
+}
+
+// galeraPortsFree says whether nothing listens on any port of a Galera
+// cluster at base.
+func galeraPortsFree(base int) bool {
+	for _, off := range []int{1, 2, 3, 10262, 10263, 10264, 10265, 10266, 10267, 10361, 10362, 10363} {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+off))
+		if err != nil {
+			return false
+		}
+		_ = l.Close()
+	}
+	return true
 }
 
 func (g *privateGalera) run(args ...string) error {
@@ -65,7 +120,7 @@ func (g *privateGalera) dsn(t *testing.T, n int) string {
 // back, it serves again without a restart.
 func TestGaleraNodeOutOfPrimary(t *testing.T) {
 	t.Parallel()
-	g := startPrivateGalera(t, 5306)
+	g := startPrivateGalera(t)
 	s := startServer(t, g.dsn(t, 3), "e2e-galera-minority", "--peer-timeout", "3s", "--heartbeat-interval", "500ms")
 	cluster := s.create(t, "minority").GetName()
 	for _, n := range []string{"1", "2"} {

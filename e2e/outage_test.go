@@ -68,7 +68,7 @@ func TestOperationsRideOutAGaleraNodeOutage(t *testing.T) {
 		t.Skip("CLUSTERD_CHAOS_DB_OUTAGES is not set: make chaos-galera runs this test")
 	}
 	t.Parallel()
-	g := startPrivateGalera(t, 7306)
+	g := startPrivateGalera(t)
 	for i, down := range dbOutages(t) {
 		t.Run(down.String(), func(t *testing.T) {
 			name := fmt.Sprintf("outage%d", i)

@@ -23,7 +23,7 @@ trap cleanup EXIT
 free_galera_port() {
 	local i base p busy
 	for i in $(seq 0 49); do
-		base=$((4306 + 100 * ((RANDOM + i) % 50)))
+		base=$((10306 + 100 * ((RANDOM + i) % 50)))
 		busy=""
 		for p in $((base + 1)) $((base + 2)) $((base + 3)) \
 			$((base + 10262)) $((base + 10263)) $((base + 10264)) $((base + 10265)) $((base + 10266)) $((base + 10267)) \

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -36,7 +37,7 @@ func (panickingService) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.E
 func chainServer(t *testing.T, a *auth.Authenticator) (*grpc.ClientConn, *lockedBuffer) {
 	t.Helper()
 	logs := &lockedBuffer{}
-	s := &Server{log: requestLogger(slog.New(slog.NewTextHandler(logs, nil))), metrics: newMetrics(), codec: newRequestCodec(), auth: a}
+	s := &Server{log: requestLogger(slog.New(slog.NewTextHandler(logs, nil))), metrics: newMetrics(), codec: newRequestCodec(), calls: newOpenCalls(), auth: a}
 	srv := grpc.NewServer(s.interceptors()...)
 	testgrpc.RegisterTestServiceServer(srv, panickingService{})
 	healthpb.RegisterHealthServer(srv, health.NewServer())
@@ -118,13 +119,16 @@ func TestPanicInAHandlerIsAnError(t *testing.T) {
 	ctx := metadata.AppendToOutgoingContext(tctx(t), auth.AccountHeader, "team-a", RequestIDHeader, "panic-test-1")
 	_, err = testgrpc.NewTestServiceClient(conn).EmptyCall(ctx, &testgrpc.Empty{})
 	wantInternal(t, "unary call whose handler panics", err)
+	// The call's end may be logged just after its answer left: wait for it.
 	var panicked, finished string
-	for _, line := range strings.Split(logs.String(), "\n") {
-		switch {
-		case strings.Contains(line, `msg="panic in handler"`):
-			panicked = line
-		case strings.Contains(line, `msg="finished call"`):
-			finished = line
+	for deadline := time.Now().Add(time.Minute); (panicked == "" || finished == "") && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			switch {
+			case strings.Contains(line, `msg="panic in handler"`):
+				panicked = line
+			case strings.Contains(line, `msg="finished call"`):
+				finished = line
+			}
 		}
 	}
 	if !strings.Contains(panicked, `panic="handler bug"`) || !strings.Contains(panicked, "request_id=panic-test-1") {
