@@ -47,10 +47,25 @@ free_galera_port() {
 # one, nor stop each other's. Without it they are skipped with a banner (or
 # fail under CI).
 if [ -z "${CLUSTERD_TEST_GALERA_DSNS:-}" ]; then
-	GALERA_DIR="$(mktemp -d /tmp/clusterd-galera-test.XXXXXX)"
-	GALERA_PORT="$(free_galera_port || echo 4306)"
-	export GALERA_DIR GALERA_PORT
-	if bash scripts/galera.sh start >"$galera_log" 2>&1; then
+	# A second try on other ports: another run on this machine may take the
+	# ports between the probe and the start, and a loaded machine has once
+	# left a node unsynced past the script's wait.
+	galera_ok=""
+	for try in 1 2; do
+		GALERA_DIR="$(mktemp -d /tmp/clusterd-galera-test.XXXXXX)"
+		GALERA_PORT="$(free_galera_port || echo 4306)"
+		export GALERA_DIR GALERA_PORT
+		if bash scripts/galera.sh start >"$galera_log" 2>&1; then
+			galera_ok=1
+			break
+		fi
+		if [ "$try" -eq 1 ]; then
+			echo "!! scripts/galera.sh start failed on GALERA_PORT=$GALERA_PORT; trying other ports:"
+			tail -n 5 "$galera_log"
+			bash scripts/galera.sh destroy >/dev/null 2>&1 || true
+		fi
+	done
+	if [ -n "$galera_ok" ]; then
 		galera_started=1
 		CLUSTERD_TEST_GALERA_DSNS="$(for n in 1 2 3; do bash scripts/galera.sh dsn "$n"; done | paste -sd,)"
 		export CLUSTERD_TEST_GALERA_DSNS
