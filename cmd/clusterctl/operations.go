@@ -33,21 +33,10 @@ func (s *stoppedWaiting) Unwrap() error { return s.err }
 // the resulting cluster (or, for a delete, the done operation). A failed
 // operation is returned as its *client.OperationError.
 func (a *app) follow(ctx context.Context, c *client.Client, op *longrunningpb.Operation) error {
-	p := newProgress(a.stderr, op.GetName())
-	done, err := c.Wait(ctx, op, p.update, client.PollEvery(pollEvery))
-	var opErr *client.OperationError
-	switch {
-	case errors.As(err, &opErr):
-		p.finish(done)
-		return err
-	case err != nil:
-		p.abandon()
-		if ctx.Err() != nil {
-			return &stoppedWaiting{name: op.GetName(), err: err}
-		}
+	done, err := a.waitDrawn(ctx, c, op)
+	if err != nil {
 		return err
 	}
-	p.finish(done)
 	cl, err := client.ClusterOf(done)
 	if err != nil {
 		return a.printOperations(done) // a delete's response is empty
@@ -216,25 +205,32 @@ succeeded before the cancel reached it, and 1 when it failed otherwise.`,
 // operation, as after an operation that succeeded before the cancel reached
 // it; another failure is returned (exit 1).
 func (a *app) followCancel(ctx context.Context, c *client.Client, name string) error {
-	p := newProgress(a.stderr, name)
-	done, err := c.Wait(ctx, &longrunningpb.Operation{Name: name}, p.update, client.PollEvery(pollEvery))
+	done, err := a.waitDrawn(ctx, c, &longrunningpb.Operation{Name: name})
 	var opErr *client.OperationError
-	switch {
-	case errors.As(err, &opErr) && client.Code(err) == codes.Canceled:
-		p.finish(done)
-		return a.printOperations(done)
-	case errors.As(err, &opErr):
-		p.finish(done)
-		return err
-	case err != nil:
-		p.abandon()
-		if ctx.Err() != nil {
-			return &stoppedWaiting{name: name, err: err}
-		}
+	if err != nil && !(errors.As(err, &opErr) && client.Code(err) == codes.Canceled) {
 		return err
 	}
-	p.finish(done)
 	return a.printOperations(done)
+}
+
+// waitDrawn waits for op to end, drawing its progress on stderr, and
+// returns it done; a failed operation is returned with its
+// *client.OperationError, and a wait that Ctrl-C ended as *stoppedWaiting.
+func (a *app) waitDrawn(ctx context.Context, c *client.Client, op *longrunningpb.Operation) (*longrunningpb.Operation, error) {
+	p := newProgress(a.stderr, op.GetName())
+	done, err := c.Wait(ctx, op, p.update, client.PollEvery(pollEvery))
+	var opErr *client.OperationError
+	switch {
+	case err == nil, errors.As(err, &opErr):
+		p.finish(done)
+		return done, err
+	case ctx.Err() != nil:
+		p.abandon()
+		return nil, &stoppedWaiting{name: op.GetName(), err: err}
+	default:
+		p.abandon()
+		return nil, err
+	}
 }
 
 // verbOf reads an operation's verb for tables.
