@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/clusterd/clusterd/repository"
@@ -46,9 +47,9 @@ func (s *Scanner) adopt(ctx context.Context, r *Report, cutoff, began time.Time)
 		return nil
 	}
 	mayFail := len(jobs) < adoptLimit
-	for _, j := range jobs {
-		reason := s.ownerLoss(j)
-		err := s.cfg.Adopter.Adopt(ctx, j, cutoff, reason)
+	errs := s.adoptAll(ctx, jobs, cutoff)
+	for i, j := range jobs {
+		reason, err := errs[i].reason, errs[i].err
 		var cr cannotResume
 		switch {
 		case err == nil:
@@ -72,6 +73,42 @@ func (s *Scanner) adopt(ctx context.Context, r *Report, cutoff, began time.Time)
 		return nil
 	}
 	return offer
+}
+
+// adoptWorkers bounds the adoptions one pass runs at once. A dead server's
+// jobs are adopted side by side, so the last of them moves again about one
+// adoption after the first, not one adoption per job later.
+const adoptWorkers = 8
+
+// adoption is what offering one job to the Adopter gave.
+type adoption struct {
+	reason string
+	err    error
+}
+
+// adoptAll offers each job to the Adopter, up to adoptWorkers at once, and
+// returns each outcome at its job's index. Every offer has returned when it
+// does.
+func (s *Scanner) adoptAll(ctx context.Context, jobs []repository.Job, cutoff time.Time) []adoption {
+	out := make([]adoption, len(jobs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < min(adoptWorkers, len(jobs)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				reason := s.ownerLoss(jobs[i])
+				out[i] = adoption{reason: reason, err: s.cfg.Adopter.Adopt(ctx, jobs[i], cutoff, reason)}
+			}
+		}()
+	}
+	for i := range jobs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out
 }
 
 // ownerLoss says, for the history, why a job is adopted.

@@ -121,8 +121,8 @@ type Config struct {
 
 // DefaultScanInterval is how often liveness and orphan recovery run unless
 // configured: with lease.DefaultPeerTimeout, a dead server's operations move
-// again at most 3.5 s after its last heartbeat.
-const DefaultScanInterval = time.Second
+// again at most 3 s after its last heartbeat, plus one pass.
+const DefaultScanInterval = 500 * time.Millisecond
 
 // Limits per pass, so a pass stays bounded whatever the backlog.
 const (
