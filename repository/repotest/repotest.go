@@ -278,6 +278,31 @@ func Exec(t testing.TB, dsn, query string, args ...any) {
 	}
 }
 
+// QueryRow reads one row of the database of dsn (as NewDSN returned it)
+// outside the repository into dest, for what the repository does not expose
+// (goose's version table, say).
+func QueryRow(t testing.TB, dsn, query string, dest ...any) {
+	t.Helper()
+	driver, source := "sqlite", strings.TrimPrefix(dsn, "sqlite:")
+	if strings.HasPrefix(dsn, "mysql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatalf("parse %s: %v", dsn, err)
+		}
+		driver, source = "mysql", driverDSN(u, u.Path)
+	}
+	db, err := sql.Open(driver, source)
+	if err != nil {
+		t.Fatalf("open %s: %v", driver, err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := db.QueryRowContext(ctx, query).Scan(dest...); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+}
+
 // DriverDSN is the go-sql-driver/mysql DSN of a mysql:// DSN as NewDSN
 // returned it, for tests and benchmarks that talk to the database beside
 // the repository (EXPLAIN, raw-SQL baselines).

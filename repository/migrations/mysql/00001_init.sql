@@ -1,5 +1,5 @@
 -- +goose Up
-CREATE TABLE clusters (
+CREATE TABLE IF NOT EXISTS clusters (
     id                  VARCHAR(36)  NOT NULL PRIMARY KEY,
     account             VARCHAR(63)  NOT NULL,
     display_name        VARCHAR(63)  NOT NULL,
@@ -26,7 +26,7 @@ CREATE TABLE clusters (
     KEY clusters_current_operation (current_operation)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
-CREATE TABLE jobs (
+CREATE TABLE IF NOT EXISTS jobs (
     id                 VARCHAR(36)  NOT NULL PRIMARY KEY,
     kind               VARCHAR(32)  NOT NULL,
     -- The cluster the job acts on. NULL in rows written by servers that predate it.
@@ -52,7 +52,7 @@ CREATE TABLE jobs (
     KEY jobs_status_end (status, end_time)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
-CREATE TABLE cluster_events (
+CREATE TABLE IF NOT EXISTS cluster_events (
     id          BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
     cluster_id  VARCHAR(36)  NOT NULL,
     time        DATETIME(6)  NOT NULL,
@@ -65,7 +65,7 @@ CREATE TABLE cluster_events (
     KEY cluster_events_cluster (cluster_id, id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
-CREATE TABLE servers (
+CREATE TABLE IF NOT EXISTS servers (
     id             VARCHAR(255) NOT NULL PRIMARY KEY,
     incarnation    VARCHAR(36)  NOT NULL,
     start_time     DATETIME(6)  NOT NULL,

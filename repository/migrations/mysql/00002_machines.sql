@@ -1,7 +1,7 @@
 -- +goose Up
 -- The simulator's machines and network rules live next to the clusters, so
 -- they outlive a server crash and a restarted server sees them.
-CREATE TABLE machines (
+CREATE TABLE IF NOT EXISTS machines (
     id                 VARCHAR(36)  NOT NULL PRIMARY KEY,
     -- The cluster the machine belongs to; '' for a free (EXTERNAL) machine.
     cluster_id         VARCHAR(36)  NOT NULL DEFAULT '',
@@ -17,7 +17,7 @@ CREATE TABLE machines (
     KEY machines_cluster (cluster_id, id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
-CREATE TABLE network_rules (
+CREATE TABLE IF NOT EXISTS network_rules (
     id         BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
     cluster_id VARCHAR(36)  NOT NULL,
     machine_id VARCHAR(36)  NOT NULL,

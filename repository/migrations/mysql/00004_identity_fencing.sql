@@ -4,8 +4,8 @@
 -- this host (its process is gone: take over at once) from one that may be
 -- alive (watch its heartbeat first; refuse to start if it advances).
 ALTER TABLE servers
-    ADD COLUMN host VARCHAR(255) NOT NULL DEFAULT '',
-    ADD COLUMN pid  BIGINT       NOT NULL DEFAULT 0;
+    ADD COLUMN IF NOT EXISTS host VARCHAR(255) NOT NULL DEFAULT '',
+    ADD COLUMN IF NOT EXISTS pid  BIGINT       NOT NULL DEFAULT 0;
 
 -- The simulator's fencing log: one row per infrastructure call, accepted or
 -- refused, written in the same transaction as the call's machine writes and
@@ -13,7 +13,7 @@ ALTER TABLE servers
 -- the cluster's latest history entry at that moment (read under the
 -- cluster's row lock), so a checker can replay the history up to it and see
 -- who held the cluster when the call changed something.
-CREATE TABLE sim_calls (
+CREATE TABLE IF NOT EXISTS sim_calls (
     id            BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
     time          DATETIME(6)  NOT NULL,
     cluster_id    VARCHAR(36)  NOT NULL,

@@ -7,10 +7,10 @@
 -- Reconciliation looks only at clusters and machines that changed since its
 -- last pass (update_time).
 ALTER TABLE clusters
-    ADD KEY clusters_state_operation (state, current_operation),
-    DROP KEY clusters_state,
-    ADD KEY clusters_update_time (update_time);
-ALTER TABLE machines ADD KEY machines_update_time (update_time);
+    ADD KEY IF NOT EXISTS clusters_state_operation (state, current_operation),
+    DROP KEY IF EXISTS clusters_state,
+    ADD KEY IF NOT EXISTS clusters_update_time (update_time);
+ALTER TABLE machines ADD KEY IF NOT EXISTS machines_update_time (update_time);
 -- Purging walks finished jobs oldest first by their end time alone: no
 -- filesort, and nothing read when nothing is old enough. It replaces
 -- (status, end_time), whose status <> IN_PROGRESS range needed a filesort.
@@ -18,10 +18,10 @@ ALTER TABLE machines ADD KEY machines_update_time (update_time);
 -- with the incarnation in the index it reads index entries only, never the
 -- jobs' rows (and a server's own jobs are one point lookup).
 ALTER TABLE jobs
-    ADD KEY jobs_end_time (end_time),
-    DROP KEY jobs_status_end,
-    ADD KEY jobs_status_server_incarnation (status, server_id, server_incarnation),
-    DROP KEY jobs_status_server;
+    ADD KEY IF NOT EXISTS jobs_end_time (end_time),
+    DROP KEY IF EXISTS jobs_status_end,
+    ADD KEY IF NOT EXISTS jobs_status_server_incarnation (status, server_id, server_incarnation),
+    DROP KEY IF EXISTS jobs_status_server;
 
 -- +goose Down
 ALTER TABLE jobs
