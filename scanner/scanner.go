@@ -13,7 +13,8 @@
 // anti-join, reconciliation by what changed, purging by the end time's
 // index); a sweep of every resting cluster, a page per pass, runs at start
 // and every hour. A source of infrastructure events asks for a prompt
-// reconciliation of the clusters it saw change (Scanner.Observe).
+// reconciliation of the clusters it saw change (Scanner.Observe), which
+// adds a read by primary key per cluster observed, a bounded number.
 //
 // What the scanner does is decided by pure functions of what it read and of
 // the time (decide.go); the loops of liveness.go, orphans.go, reconcile.go
