@@ -66,7 +66,7 @@ func TestKillLeavesNothingForAHuman(t *testing.T) {
 	const (
 		specDrift  = "recovery keeps what an interrupted scale, add or remove changed for good (a joined extra node, a node already handed back) but never writes the spec's node counts, so the spec and the machines disagree for good (service/recovery.go repair / RecoverOrphan)"
 		cordoned   = "an interrupted drain leaves the node cordoned; neither recovery's repair nor a start uncordons it, and there is no API to do so (service/recovery.go repair, service/create.go bringUp)"
-		unfinished = "reconciliation's RecoverAlert takes an ALERT cluster whose machines all run and joined to RUNNING although its create never finished (no endpoint, kubeconfig never fetched, provider never deployed); a start would have finished it (service/recovery.go RecoverAlert, scanner/scanner.go reconcileAction)"
+		unfinished = "reconciliation's RecoverAlert takes an ALERT cluster whose machines all run and joined to RUNNING although its create never finished (no endpoint, kubeconfig never fetched, provider never deployed); a start would have finished it (service/recovery.go RecoverAlert, scanner/decide.go decideReconcile)"
 		offering   = "an interrupted offering change leaves some machines resized while the spec keeps the old offering; repair does not resize them back although scaleWork's comment says recovery converges to the old spec (service/recovery.go repair, service/scale.go scaleWork)"
 	)
 	cases := []crashCase{

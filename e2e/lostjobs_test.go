@@ -31,6 +31,6 @@ func TestServerKeepsItsOwnLiveJobs(t *testing.T) {
 		}
 	}
 	if failed > 0 {
-		t.Errorf("BUG (non-test code): %d of %d creates were failed by their own live server: its scanner took a job that had just been claimed, and not yet handed to the runner, for a job the runner had lost (scanner/scanner.go liveness)", failed, n)
+		t.Errorf("BUG (non-test code): %d of %d creates were failed by their own live server: its scanner took a job that had just been claimed, and not yet handed to the runner, for a job the runner had lost (scanner/decide.go decideLost)", failed, n)
 	}
 }

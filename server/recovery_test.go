@@ -205,3 +205,53 @@ func TestRecovery_LeavesARunningOperation(t *testing.T) {
 		r.waitState(t, "clusters/"+orphan.ID, clv1.Cluster_ERROR)
 	})
 }
+
+// An event source that sees a machine change asks the scanner to reconcile
+// its cluster (Scanner.Observe): the next pass finds what changed although
+// reconciliation is not due for an hour, and the pass after a machine comes
+// back brings the cluster back.
+func TestRecovery_ObservedClusterIsReconciledAtTheNextPass(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		r := newRig(t, b) // a pass at start, then one an hour
+		c := r.create("web", 1)
+		id := clusterUUID(c.GetName())
+		worker := r.cluster(c.GetName()).GetNodes()[1].GetName()
+		power := func(p clv1.Node_Power) {
+			t.Helper()
+			if _, err := r.clients.sim.SetMachinePower(r.ctx, &clv1.SetMachinePowerRequest{Name: worker, Power: p}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pass := func() scanner.Report {
+			t.Helper()
+			rep := r.srv.scanner.Pass(r.ctx)
+			if len(rep.Errors) > 0 || rep.Skipped != "" {
+				t.Fatalf("pass: errors %v, skipped %q", rep.Errors, rep.Skipped)
+			}
+			return rep
+		}
+
+		power(clv1.Node_STOPPED)
+		pass()
+		if got := r.cluster(c.GetName()).GetState(); got != clv1.Cluster_RUNNING {
+			t.Fatalf("after a pass with reconciliation not due and nothing observed: %s; want RUNNING still", got)
+		}
+		r.srv.scanner.Observe(id)
+		if rep := pass(); rep.Reconciled != 1 {
+			t.Errorf("the pass after Observe reconciled %d clusters; want 1", rep.Reconciled)
+		}
+		if got := r.cluster(c.GetName()).GetState(); got != clv1.Cluster_ALERT {
+			t.Fatalf("after the pass that followed Observe: %s; want ALERT", got)
+		}
+
+		power(clv1.Node_RUNNING)
+		r.srv.scanner.Observe(id)
+		pass()
+		r.waitState(t, c.GetName(), clv1.Cluster_RUNNING)
+		hist := r.historyNames(t, c.GetName())
+		want := []string{"FAULTS_DETECTED", "RECOVERY_REQUESTED", "OPERATION_SUCCEEDED"}
+		if got := hist[max(0, len(hist)-3):]; !slices.Equal(got, want) {
+			t.Errorf("history ends %v; want %v", got, want)
+		}
+	})
+}

@@ -1,0 +1,92 @@
+package scanner
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/clusterd/clusterd/repository"
+)
+
+// orphans recovers every cluster in an operation state, or naming a current
+// operation, whose job is not IN_PROGRESS on a live server (SPEC §5.1), as
+// decideOrphan decides. It reads the clusters, then their jobs, and CASes on
+// what it read, so an operation that ends in between makes the write miss.
+// A destroy that failed and released its cluster is retried with backoff,
+// destroyLimit per pass.
+func (s *Scanner) orphans(ctx context.Context, r *Report) {
+	clusters, jobs, err := s.cfg.Store.Orphans(ctx, orphanLimit)
+	if err != nil {
+		r.fail(fmt.Errorf("orphans: %w", err))
+		return
+	}
+	legacy, err := s.cfg.Store.InProgressJobsWithoutResource(ctx)
+	if err != nil {
+		r.fail(fmt.Errorf("orphans: %w", err))
+		return
+	}
+	all, held := legacyHolds(legacy)
+	if all {
+		r.Skipped = "a running job of an older server names no cluster: recovery leaves every cluster alone"
+		return
+	}
+	destroys := 0
+	for _, c := range clusters {
+		a := decideOrphan(c, jobs, held[c.ID])
+		if a.kind == none {
+			continue
+		}
+		if a.backoff {
+			if destroys >= destroyLimit || !s.destroyDue(c.ID) {
+				continue
+			}
+			destroys++
+		}
+		s.apply(ctx, r, c, a)
+	}
+}
+
+// destroyDue takes a retry of the cluster's destroy if its backoff allows
+// one now (retry.take).
+func (s *Scanner) destroyDue(clusterID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rt, due := s.destroyRetry[clusterID].take(s.now())
+	s.destroyRetry[clusterID] = rt
+	return due
+}
+
+// legacyHolds applies the mixed-version rule (SPEC §4): a running job written
+// without a resource id acts on the cluster its parameters name; one whose
+// parameters name none could act on any cluster, so all are left alone.
+func legacyHolds(jobs []repository.Job) (all bool, held map[string]bool) {
+	held = map[string]bool{}
+	for _, j := range jobs {
+		id := clusterOfParams(j.Params)
+		if id == "" {
+			return true, nil
+		}
+		held[id] = true
+	}
+	return false, held
+}
+
+// clusterOfParams finds a cluster id in an older server's job parameters.
+func clusterOfParams(params string) string {
+	var m map[string]any
+	if json.Unmarshal([]byte(params), &m) != nil {
+		return ""
+	}
+	for _, key := range []string{"cluster_id", "clusterId", "cluster", "resource_id", "name"} {
+		if v, ok := m[key].(string); ok {
+			v = strings.TrimPrefix(v, "clusters/")
+			if _, err := uuid.Parse(v); err == nil {
+				return strings.ToLower(v)
+			}
+		}
+	}
+	return ""
+}
