@@ -3,6 +3,8 @@
 # image, no bootloader): Debian's cloud kernel and an initramfs holding
 # busybox, the kernel modules for virtio (PCI, serial port, disk, SCSI) and
 # the cdrom, and the node agent (cmd/clusterd-agent), which /init runs.
+# The kernel has no AHCI driver: the cdrom goes on virtio-scsi (any machine
+# type) or on IDE (i440fx's PIIX), not on q35's SATA.
 #
 #   scripts/node-image.sh [OUT]      (default OUT: build/node-image)
 #
@@ -74,7 +76,7 @@ CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$root/bin/clusterd-agent" 
 
 # The modules /init loads and everything they depend on (modules.dep of
 # the whole kernel; the package ships none, depmod writes it).
-modules=(virtio_pci virtio_console virtio_blk virtio_scsi sr_mod)
+modules=(virtio_pci virtio_console virtio_blk virtio_scsi ata_piix sr_mod)
 kmods="$work/kernel/lib/modules/$kver"
 depmod -b "$work/kernel" "$kver"
 declare -A files=()

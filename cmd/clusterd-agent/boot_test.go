@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -14,7 +15,7 @@ import (
 	"github.com/clusterd/clusterd/agent"
 )
 
-// bootDeadline bounds one boot to a ready agent: about 8 s here under TCG,
+// bootDeadline bounds one boot to a ready agent: 4 to 13 s here under TCG,
 // with room for a machine whose load is 25.
 const bootDeadline = 5 * time.Minute
 
@@ -53,6 +54,7 @@ func nodeImage(t *testing.T) string {
 type vm struct {
 	cmd     *exec.Cmd
 	sock    string
+	qmp     string
 	console string
 	done    chan struct{}
 	started time.Time
@@ -67,6 +69,7 @@ func startVM(t *testing.T, image, dir, name, disk, iso string) *vm {
 	v := &vm{
 		sock:    filepath.Join(dir, name+".sock"),
 		console: filepath.Join(dir, name+".console"),
+		qmp:     filepath.Join(dir, name+".qmp"),
 		done:    make(chan struct{}),
 	}
 	cmd := exec.Command("qemu-system-x86_64",
@@ -79,11 +82,12 @@ func startVM(t *testing.T, image, dir, name, disk, iso string) *vm {
 		"-drive", "file="+disk+",format=raw,if=virtio",
 		"-device", "virtio-scsi-pci,id=scsi",
 		"-drive", "file="+iso+",format=raw,if=none,media=cdrom,readonly=on,id=cd",
-		"-device", "scsi-cd,drive=cd,bus=scsi.0",
+		"-device", "scsi-cd,drive=cd,bus=scsi.0,id=cd0",
 		"-device", "virtio-serial",
 		"-chardev", "socket,path="+v.sock+",server=on,wait=off,id=agent",
 		"-device", "virtserialport,chardev=agent,name="+agent.PortName,
 		"-nic", "none",
+		"-qmp", "unix:"+v.qmp+",server=on,wait=off",
 	)
 	out, err := os.Create(filepath.Join(dir, name+".qemu"))
 	if err != nil {
@@ -110,6 +114,48 @@ func startVM(t *testing.T, image, dir, name, disk, iso string) *vm {
 		}
 	})
 	return v
+}
+
+// changeISO swaps the cdrom's medium for iso while the VM runs, through
+// QEMU's monitor (QMP), as libvirt's change-media does.
+func (v *vm) changeISO(t *testing.T, iso string) {
+	t.Helper()
+	conn, err := net.Dial("unix", v.qmp)
+	if err != nil {
+		t.Fatalf("qmp: %v", err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Minute))
+	dec := json.NewDecoder(conn)
+	// call sends a command and returns its reply, skipping events.
+	call := func(cmd string, args any) {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"execute": cmd, "arguments": args})
+		if _, err := conn.Write(b); err != nil {
+			t.Fatalf("qmp %s: %v", cmd, err)
+		}
+		for {
+			var reply struct {
+				Return *json.RawMessage
+				Error  *struct{ Desc string }
+			}
+			if err := dec.Decode(&reply); err != nil {
+				t.Fatalf("qmp %s: %v", cmd, err)
+			}
+			if reply.Error != nil {
+				t.Fatalf("qmp %s: %s", cmd, reply.Error.Desc)
+			}
+			if reply.Return != nil {
+				return
+			}
+		}
+	}
+	var greeting map[string]any
+	if err := dec.Decode(&greeting); err != nil {
+		t.Fatalf("qmp greeting: %v", err)
+	}
+	call("qmp_capabilities", map[string]any{})
+	call("blockdev-change-medium", map[string]any{"id": "cd0", "filename": iso, "format": "raw", "read-only-mode": "read-only"})
 }
 
 // stop kills the VM (a power cut: the agent gets no warning) and waits.
@@ -173,8 +219,8 @@ func TestNodeImageBootsToAnAgentThatKeepsItsState(t *testing.T) {
 	if err := os.Truncate(disk, 16<<20); err != nil {
 		t.Fatal(err)
 	}
-	iso1, iso2 := filepath.Join(dir, "v1.iso"), filepath.Join(dir, "v2.iso")
-	for path, v := range map[string]string{iso1: "1.31.2", iso2: "1.32.0"} {
+	iso1, iso2, iso3 := filepath.Join(dir, "v1.iso"), filepath.Join(dir, "v2.iso"), filepath.Join(dir, "v3.iso")
+	for path, v := range map[string]string{iso1: "1.31.2", iso2: "1.32.0", iso3: "1.33.0"} {
 		if err := agent.BuildISO(path, v); err != nil {
 			t.Fatal(err)
 		}
@@ -199,6 +245,12 @@ func TestNodeImageBootsToAnAgentThatKeepsItsState(t *testing.T) {
 		t.Fatalf("upgrade to a version the ISO does not hold: got %v, want a refusal", err)
 	}
 
+	// The ISO swapped while the machine runs: the agent reads the new one.
+	first.changeISO(t, iso2)
+	if st, err := c.Upgrade(ctx, "1.32.0"); err != nil || st.Version != "1.32.0" || st.ISOVersion != "1.32.0" {
+		t.Fatalf("upgrade after the ISO swap: got %+v, %v", st, err)
+	}
+
 	// The host closes the channel and comes back: the agent answers again.
 	conn.Close()
 	c2, _ := first.dial(t, ctx)
@@ -208,15 +260,15 @@ func TestNodeImageBootsToAnAgentThatKeepsItsState(t *testing.T) {
 
 	// Power cut, then boot with the next version's ISO.
 	first.stop(t)
-	second := startVM(t, image, dir, "m-1", disk, iso2)
+	second := startVM(t, image, dir, "m-1", disk, iso3)
 	c, _, st, boot = second.ready(t)
 	t.Logf("second boot: agent ready %v after qemu started", boot.Round(time.Millisecond))
-	want := agent.Status{Machine: "m-1", Cluster: "c-1", Version: "1.31.2", ISOVersion: "1.32.0", Joined: true, Cordoned: true}
+	want := agent.Status{Machine: "m-1", Cluster: "c-1", Version: "1.32.0", ISOVersion: "1.33.0", Joined: true, Cordoned: true}
 	if st != want {
 		t.Fatalf("after reboot: got %+v, want %+v (the state on the disk)", st, want)
 	}
-	st, err = c.Upgrade(ctx, "1.32.0")
-	want.Version, want.Cordoned = "1.32.0", false
+	st, err = c.Upgrade(ctx, "1.33.0")
+	want.Version, want.Cordoned = "1.33.0", false
 	if err != nil || st != want {
 		t.Fatalf("upgrade: got %+v, %v; want %+v", st, err, want)
 	}
