@@ -336,7 +336,8 @@ func TestBadLinesAndUnknownOps(t *testing.T) {
 	// Raw lines: garbage gets an id-0 error, an over-long line too, and the
 	// connection still answers after them.
 	r := bufio.NewReader(m.conn)
-	long := strings.Repeat("x", 100<<10)
+	// A well-formed request, but longer than any request has reason to be.
+	long := `{"id":5,"op":"deploy","cluster":"","version":"","name":"` + strings.Repeat("x", 100<<10) + `"}`
 	for _, line := range []string{"not json", long} {
 		if _, err := m.conn.Write([]byte(line + "\n")); err != nil {
 			t.Fatal(err)

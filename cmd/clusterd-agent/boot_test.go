@@ -252,7 +252,10 @@ func TestNodeImageBootsToAnAgentThatKeepsItsState(t *testing.T) {
 	}
 
 	// The host closes the channel and comes back: the agent answers again.
+	// The pause lets the guest see the channel closed (its port reads EOF),
+	// so the new connection is served by the agent's reopened port.
 	conn.Close()
+	time.Sleep(2 * time.Second)
 	c2, _ := first.dial(t, ctx)
 	if st, err := c2.Drain(ctx); err != nil || !st.Cordoned {
 		t.Fatalf("drain on a new connection: got %+v, %v", st, err)
