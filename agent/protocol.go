@@ -92,11 +92,13 @@ const (
 
 // Request is one line from the host. Fields an op does not use are empty.
 type Request struct {
+	// ID is echoed in the response, so a client can tell its answer from
+	// one owed to an earlier, abandoned request.
 	ID      uint64 `json:"id"`
 	Op      string `json:"op"`
-	Cluster string `json:"cluster"`
-	Version string `json:"version"`
-	Name    string `json:"name"`
+	Cluster string `json:"cluster"` // join
+	Version string `json:"version"` // join, upgrade
+	Name    string `json:"name"`    // deploy
 }
 
 // Response is the agent's answer to the request with the same ID.
@@ -120,8 +122,10 @@ type Status struct {
 	Version string `json:"version"`
 	// ISOVersion is the version on the attached ISO, empty without one.
 	ISOVersion string `json:"iso_version"`
-	Joined     bool   `json:"joined"`
-	Cordoned   bool   `json:"cordoned"`
+	// Joined is whether the node is a member of Cluster.
+	Joined bool `json:"joined"`
+	// Cordoned is whether the node takes no new work (drained).
+	Cordoned bool `json:"cordoned"`
 }
 
 // Error is an agent's refusal of a request (ok false), as opposed to a
@@ -132,6 +136,7 @@ type Error struct {
 	Message string
 }
 
+// Error reads "agent OP: MESSAGE".
 func (e *Error) Error() string {
 	return fmt.Sprintf("agent %s: %s", e.Op, e.Message)
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/clusterd/clusterd/agent"
 )
 
-// bootDeadline bounds one boot to a ready agent: 4 to 13 s here under TCG,
+// bootDeadline bounds one boot to a ready agent: 3 to 17 s here under TCG,
 // with room for a machine whose load is 25.
 const bootDeadline = 5 * time.Minute
 
