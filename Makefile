@@ -19,7 +19,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/clusterd/clusterd/version.version=$(VERSION) -X github.com/clusterd/clusterd/version.commit=$(COMMIT)
 
-.PHONY: all tools generate check-generated lint build run test fuzz chaos chaos-galera mariadb chromium openapi-validator bench clean clients
+.PHONY: all tools generate check-generated lint build run test fuzz chaos chaos-galera mariadb chromium openapi-validator bench clean clients node-image node-image-or-skip
 
 all: lint build test
 
@@ -89,16 +89,27 @@ chromium:
 openapi-validator:
 	@bash scripts/openapi-validator.sh || echo "make test: the OpenAPI validator could not be installed; TestOpenAPIValidator will be skipped (or fail under CI)" >&2
 
+## node-image: build the kernel and initramfs real (libvirt/QEMU) machines
+## boot: Debian's cloud kernel, busybox and the node agent, under
+## build/node-image (scripts/node-image.sh; packages downloaded once).
+node-image:
+	bash scripts/node-image.sh build/node-image
+
 ## test: every test with the race detector, on SQLite and on MariaDB (the
 ## web view in headless Chromium, clusterctl in a pseudo-terminal among
 ## them), then a short run of every fuzz target, then the example clients
 ## against bin/clusterd.
-test: mariadb chromium openapi-validator
+test: mariadb chromium openapi-validator node-image-or-skip
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/test.sh $(GO_PACKAGES)
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/fuzz.sh
 	$(MAKE) --no-print-directory clients
+
+## node-image-or-skip: make node-image for make test, which goes on without
+## it (the agent's QEMU boot test then skips, or fails under CI).
+node-image-or-skip:
+	@bash scripts/node-image.sh build/node-image || echo "make test: make node-image failed; the agent's QEMU boot test will be skipped (or fail under CI)" >&2
 
 ## fuzz: every fuzz target for FUZZTIME each (default 5s).
 fuzz: mariadb
@@ -147,4 +158,4 @@ bench: mariadb
 	  go test -run '^$$' -bench . -benchtime 1s -count $(BENCHCOUNT) -timeout 90m ./bench -args -bench.plot $(CURDIR)/docs/scanner-pass.png
 
 clean:
-	rm -rf bin clusterd.db clusterd.db-wal clusterd.db-shm clients/*/gen clients/java/build clients/typescript/dist test-artifacts
+	rm -rf bin build clusterd.db clusterd.db-wal clusterd.db-shm clients/*/gen clients/java/build clients/typescript/dist test-artifacts
