@@ -178,6 +178,10 @@ func testFencing(t *testing.T, e *env) {
 			must(t, "release", e.h.Release(e.ctx, f.call))
 			return f.call, infra.Call{}
 		}},
+		{"job failed, the cluster still names it", func(t *testing.T, f fixture) (infra.Call, infra.Call) {
+			must(t, "fail", e.h.Fail(e.ctx, f.call))
+			return f.call, infra.Call{}
+		}},
 		{"another job took the cluster", func(t *testing.T, f fixture) (infra.Call, infra.Call) {
 			next, err := e.h.Hold(e.ctx, f.call.ClusterID)
 			must(t, "hold", err)

@@ -90,3 +90,12 @@ func (h *RepositoryHolder) Release(ctx context.Context, call infra.Call) error {
 	}
 	return nil
 }
+
+// Fail marks call's job FAILED without letting its cluster go, as recovery
+// does first when it finds the job's server dead.
+func (h *RepositoryHolder) Fail(ctx context.Context, call infra.Call) error {
+	if _, err := h.store.FinishJob(ctx, repository.Finish{JobID: call.Operation, Status: repository.JobFailed, Error: "infratest: the job's server died"}); err != nil {
+		return fmt.Errorf("fail job %s: %w", call.Operation, err)
+	}
+	return nil
+}

@@ -50,6 +50,10 @@ type Holder interface {
 	Adopt(ctx context.Context, call infra.Call) (infra.Call, error)
 	// Release ends call's job, leaving its cluster held by none.
 	Release(ctx context.Context, call infra.Call) error
+	// Fail fails call's job as recovery does when the job's server died:
+	// the job is FAILED, and the cluster still names it as its current
+	// operation until recovery takes the cluster over.
+	Fail(ctx context.Context, call infra.Call) error
 }
 
 // Harness is a driver under test and what the suite needs beyond

@@ -124,16 +124,18 @@ func stepCases() []stepCase {
 			},
 		},
 		{
+			// The version joined is not the one provisioned, so that the
+			// case sees join_node install it.
 			name: infra.StepJoinNode, target: worker,
 			prepare: func(t *testing.T, e *env, f fixture) {
-				must(t, "attach_iso", e.infra().AttachISO(e.ctx, f.on(f.worker), iso(e.h.Versions[0])))
+				must(t, "attach_iso", e.infra().AttachISO(e.ctx, f.on(f.worker), iso(e.h.Versions[1])))
 			},
 			run: func(ctx context.Context, e *env, f fixture) error {
-				return e.infra().JoinNode(ctx, f.on(f.worker), e.h.Versions[0])
+				return e.infra().JoinNode(ctx, f.on(f.worker), e.h.Versions[1])
 			},
 			check: func(t *testing.T, e *env, f fixture, _ world) {
-				if m := e.machine(t, f.worker); !m.Joined || m.KubernetesVersion != e.h.Versions[0] {
-					t.Errorf("after join_node: %+v; want joined at %s", m, e.h.Versions[0])
+				if m := e.machine(t, f.worker); !m.Joined || m.KubernetesVersion != e.h.Versions[1] {
+					t.Errorf("after join_node: %+v; want joined at %s", m, e.h.Versions[1])
 				}
 			},
 		},
