@@ -326,15 +326,42 @@ func checkListing(t *testing.T, what string, got []infra.Machine, want, created 
 	}
 }
 
+// oldRules and newRules are two sets of a fixture's rules that share one
+// rule: converging from one to the other adds one and removes one.
+func oldRules(f fixture) []infra.Rule {
+	return []infra.Rule{{MachineID: f.control, Kind: "api", Port: 6443}, {MachineID: f.worker, Kind: "ssh", Port: 22}}
+}
+
+func newRules(f fixture) []infra.Rule {
+	return []infra.Rule{{MachineID: f.control, Kind: "api", Port: 6443}, {MachineID: f.worker, Kind: "ssh", Port: 2222}}
+}
+
+// addedBeforeRemoved says what is wrong with rules read while a
+// configure_network converged from one set to another, adding before
+// removing: they hold every rule of one of the sets (all of from while it
+// adds, all of to while it removes), and no rule of neither. It is empty
+// when nothing is wrong.
+func addedBeforeRemoved(rules, from, to []infra.Rule) string {
+	all := func(want []infra.Rule) bool {
+		return !slices.ContainsFunc(want, func(r infra.Rule) bool { return !slices.Contains(rules, r) })
+	}
+	if !all(from) && !all(to) {
+		return fmt.Sprintf("rules %+v, holding neither all of %+v nor all of %+v: something was removed before all was added", rules, from, to)
+	}
+	for _, r := range rules {
+		if !slices.Contains(from, r) && !slices.Contains(to, r) {
+			return fmt.Sprintf("rules %+v, with %+v that neither %+v nor %+v has", rules, r, from, to)
+		}
+	}
+	return ""
+}
+
 // ConfigureNetwork converges a cluster's rules to exactly the ones asked,
-// adding the missing ones before removing the extra ones: a reader never
-// sees a rule that both sets keep missing, nor one that neither has; the
-// rules of other clusters are left alone.
+// adding the missing ones before removing the extra ones, which a reader
+// sees (addedBeforeRemoved); the rules of other clusters are left alone.
 func testConfigureNetwork(t *testing.T, e *env) {
 	a, b := e.cluster(t), e.cluster(t)
-	keep := []infra.Rule{{MachineID: a.control, Kind: "api", Port: 6443}, {MachineID: a.worker, Kind: "ssh", Port: 22}}
-	one := append(slices.Clone(keep), infra.Rule{MachineID: a.control, Kind: "ssh", Port: 22})
-	two := append(slices.Clone(keep), infra.Rule{MachineID: a.worker, Kind: "nodeport", Port: 30080})
+	one, two := oldRules(a), newRules(a)
 	must(t, "configure_network of b", e.infra().ConfigureNetwork(e.ctx, b.call, baseRules(b)))
 	must(t, "configure_network", e.infra().ConfigureNetwork(e.ctx, a.call, one))
 	bRules := e.rules(t, b.call.ClusterID)
@@ -349,20 +376,10 @@ func testConfigureNetwork(t *testing.T, e *env) {
 		for {
 			rs, err := e.infra().Rules(e.ctx, a.call.ClusterID)
 			reads++
-			switch {
-			case err != nil:
+			if err != nil {
 				bad = append(bad, fmt.Sprintf("Rules: %v", err))
-			default:
-				for _, r := range keep {
-					if !slices.Contains(rs, r) {
-						bad = append(bad, fmt.Sprintf("read %+v without %+v, which both sets keep", rs, r))
-					}
-				}
-				for _, r := range rs {
-					if !slices.Contains(one, r) && !slices.Contains(two, r) {
-						bad = append(bad, fmt.Sprintf("read %+v with %+v, which neither set has", rs, r))
-					}
-				}
+			} else if msg := addedBeforeRemoved(rs, one, two); msg != "" {
+				bad = append(bad, "read "+msg)
 			}
 			select {
 			case <-stop:
@@ -371,7 +388,7 @@ func testConfigureNetwork(t *testing.T, e *env) {
 			}
 		}
 	})
-	for i := range 10 {
+	for i := range 20 {
 		want := [][]infra.Rule{two, one}[i%2]
 		if err := e.infra().ConfigureNetwork(e.ctx, a.call, want); err != nil {
 			t.Errorf("configure_network %d: %v", i, err)

@@ -24,6 +24,8 @@ type stepCase struct {
 	// other machine of the fixture must be left as it was.
 	target func(f fixture) string
 	check  func(t *testing.T, e *env, f fixture, before world)
+	// partial, when set, checks what an interrupted call left.
+	partial func(t *testing.T, e *env, f fixture)
 }
 
 // stepCases are every step that the interface names.
@@ -113,13 +115,23 @@ func stepCases() []stepCase {
 			},
 		},
 		{
+			// From one set of rules to another: one rule to keep, one to
+			// add, one to remove.
 			name: infra.StepConfigureNetwork, target: none,
+			prepare: func(t *testing.T, e *env, f fixture) {
+				must(t, "configure_network", e.infra().ConfigureNetwork(e.ctx, f.call, oldRules(f)))
+			},
 			run: func(ctx context.Context, e *env, f fixture) error {
-				return e.infra().ConfigureNetwork(ctx, f.call, baseRules(f))
+				return e.infra().ConfigureNetwork(ctx, f.call, newRules(f))
 			},
 			check: func(t *testing.T, e *env, f fixture, _ world) {
-				if got, want := e.rules(t, f.call.ClusterID), sortRules(baseRules(f)); !reflect.DeepEqual(got, want) {
+				if got, want := e.rules(t, f.call.ClusterID), sortRules(newRules(f)); !reflect.DeepEqual(got, want) {
 					t.Errorf("after configure_network: rules %+v; want %+v", got, want)
+				}
+			},
+			partial: func(t *testing.T, e *env, f fixture) {
+				if msg := addedBeforeRemoved(e.rules(t, f.call.ClusterID), oldRules(f), newRules(f)); msg != "" {
+					t.Errorf("an interrupted configure_network left %s", msg)
 				}
 			},
 		},
@@ -314,25 +326,38 @@ func testIdempotent(t *testing.T, e *env) {
 	}
 }
 
-// interruptions are where an interrupted call's context ends: before the
-// call, and at points on its way (which of them fall inside the step depends
-// on the driver's speed; any may, so every one is tried).
-var interruptions = []time.Duration{0, 50 * time.Microsecond, 500 * time.Microsecond, 2 * time.Millisecond, 10 * time.Millisecond}
+// interruptions is how many points, spread over an uninterrupted call's
+// duration, an interrupted call's context ends at (besides before it).
+const interruptions = 8
 
-// Every step interrupted by its context ending, then called again as a
-// rerun of the operation would: the rerun succeeds and the step's effect is
-// as if it had run once.
+// Every step interrupted by its context ending, before the call and at
+// points spread over the time an uninterrupted call of it took, then
+// called again as a rerun of the operation would: the rerun succeeds and
+// the step's effect is as if it had run once. What an interrupted call
+// leaves must already meet the step's invariant (partial), if it has one.
 func testInterrupted(t *testing.T, e *env) {
 	for _, s := range stepCases() {
 		t.Run(s.name, func(t *testing.T) {
-			for _, cut := range interruptions {
-				t.Run(fmt.Sprintf("after%s", cut), func(t *testing.T) {
+			f := e.prepareCase(t, s)
+			before := e.fixtureWorld(t, f)
+			start := time.Now()
+			if err := s.run(e.ctx, e, f); err != nil {
+				t.Fatalf("%s: %v", s.name, err)
+			}
+			took := time.Since(start)
+			s.check(t, e, f, before)
+			for i := range interruptions {
+				cut := took * time.Duration(i) / interruptions
+				t.Run(fmt.Sprintf("at%d", i), func(t *testing.T) {
 					f := e.prepareCase(t, s)
 					before := e.fixtureWorld(t, f)
 					ctx, cancel := context.WithTimeout(e.ctx, cut)
 					err := s.run(ctx, e, f)
 					cancel()
-					t.Logf("interrupted %s: %v", s.name, err)
+					t.Logf("%s interrupted after %s of %s: %v", s.name, cut, took, err)
+					if s.partial != nil {
+						s.partial(t, e, f)
+					}
 					if err := s.run(e.ctx, e, f); err != nil {
 						t.Fatalf("%s after an interrupted one: %v", s.name, err)
 					}
