@@ -29,6 +29,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,6 +78,12 @@ type Harness struct {
 	// Timeout bounds each group of cases, to catch a hung driver, not to
 	// time it (default 10 minutes).
 	Timeout time.Duration
+	// Cleanup, when set, is called as each group ends, pass or fail, with
+	// every machine and cluster id the group used (some may never have
+	// been made, or be gone), so that a driver whose machines outlive the
+	// test (domains, volumes, filters) removes them. Nil when they go with
+	// the harness (the simulator's database).
+	Cleanup func(ctx context.Context, machineIDs, clusterIDs []string) error
 }
 
 // Run runs the suite as subtests of t. newHarness is called once for each
@@ -117,15 +124,51 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), h.Timeout)
 			t.Cleanup(cancel)
-			g.run(t, &env{h: h, ctx: ctx})
+			e := &env{h: h, ctx: ctx}
+			if h.Cleanup != nil {
+				t.Cleanup(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), h.Timeout)
+					defer cancel()
+					machines, clusters := e.used()
+					if err := h.Cleanup(ctx, machines, clusters); err != nil {
+						t.Errorf("clean up %d machines of %d clusters: %v", len(machines), len(clusters), err)
+					}
+				})
+			}
+			g.run(t, e)
 		})
 	}
 }
 
-// env is one group's harness and context.
+// env is one group's harness and context, and the ids the group used.
 type env struct {
 	h   Harness
 	ctx context.Context
+
+	mu       sync.Mutex
+	machines []string
+	clusters []string
+}
+
+// use records machine and cluster ids for Harness.Cleanup.
+func (e *env) use(machines []string, clusters ...string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.machines = append(e.machines, machines...)
+	e.clusters = append(e.clusters, clusters...)
+}
+
+// used returns the ids use recorded.
+func (e *env) used() (machines, clusters []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.machines), slices.Clone(e.clusters)
+}
+
+// hold makes a new job hold cluster id, recording the cluster.
+func (e *env) hold(ctx context.Context, id string) (infra.Call, error) {
+	e.use(nil, id)
+	return e.h.Hold(ctx, id)
 }
 
 func (e *env) infra() infra.Infrastructure { return e.h.Infra }
@@ -165,11 +208,12 @@ func (f fixture) machines() []string {
 func (e *env) cluster(t *testing.T) fixture {
 	t.Helper()
 	id := uuid.NewString()
-	call, err := e.h.Hold(e.ctx, id)
+	call, err := e.hold(e.ctx, id)
 	if err != nil {
 		t.Fatalf("hold a new cluster: %v", err)
 	}
 	f := fixture{call: call, control: uuid.NewString(), worker: uuid.NewString(), spare: uuid.NewString()}
+	e.use(f.machines())
 	for _, m := range []struct {
 		id   string
 		role infra.Role
@@ -211,6 +255,7 @@ func (e *env) external(t *testing.T) string {
 	if err != nil {
 		t.Fatalf("make a free EXTERNAL machine: %v", err)
 	}
+	e.use([]string{id})
 	return id
 }
 

@@ -2,6 +2,8 @@ package sim_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/clusterd/clusterd/infra"
@@ -24,6 +26,21 @@ func TestConformance(t *testing.T) {
 					External: func(ctx context.Context) (string, error) {
 						m, err := s.CreateMachine(ctx, infra.RoleExternal)
 						return m.ID, err
+					},
+					// The machines go with the database; this checks that
+					// the suite names every machine it made, as a driver
+					// whose machines outlive the test needs.
+					Cleanup: func(ctx context.Context, machines, _ []string) error {
+						all, err := s.Machines(ctx)
+						if err != nil {
+							return err
+						}
+						for _, m := range all {
+							if !slices.Contains(machines, m.ID) {
+								return fmt.Errorf("machine %s (%+v) was not named for clean-up", m.ID, m)
+							}
+						}
+						return nil
 					},
 				}
 			})
