@@ -456,6 +456,7 @@ func testDeleteNode(t *testing.T, e *env) {
 	if got := ids(e.list(t, b.call.ClusterID)); !slices.Contains(got, a.worker) {
 		t.Errorf("Machines(b) = %v; want it to list the machine it took, %s", got, a.worker)
 	}
+	must(t, "attach_iso to the taken machine", e.infra().AttachISO(e.ctx, b.on(a.worker), iso(e.h.Versions[1])))
 	must(t, "join_node of the taken machine", e.infra().JoinNode(e.ctx, b.on(a.worker), e.h.Versions[1]))
 	if m := e.machine(t, a.worker); !m.Joined || m.KubernetesVersion != e.h.Versions[1] {
 		t.Errorf("after join_node by b: %+v; want joined at %s", m, e.h.Versions[1])
