@@ -1,11 +1,15 @@
 // Package infratest is the conformance suite of infra.Infrastructure: what
 // every driver (the simulator, libvirt, a third party's) must do that the
 // interface's types cannot say. Every step is idempotent, called twice and
-// after an interruption; unknown machines are infra.ErrNotFound; machines
-// that cannot be used are infra.ErrUnusable; calls of a job that no longer
-// holds its cluster are refused with infra.ErrFenced and change nothing;
-// listings are complete and oldest first; network rules converge, adding
-// before removing; and steps on different clusters run side by side.
+// after an interruption; reading an unknown machine, and every step on one
+// but destroy_machine (gone is destroyed), is infra.ErrNotFound;
+// validate_node of anything but a free running EXTERNAL machine, and any
+// step of a job on another cluster's machine, is infra.ErrUnusable; calls
+// of a job that no longer holds its cluster are refused with
+// infra.ErrFenced and change nothing; listings are complete and oldest
+// first; network rules converge, adding before removing; delete_node
+// leaves a free EXTERNAL machine; and steps on different clusters run side
+// by side.
 //
 // A driver's test calls Run with a function that builds a Harness: the
 // driver, and what the suite needs beyond the interface (jobs holding
@@ -19,6 +23,9 @@
 //			return infratest.Harness{Infra: myDriver(store), Holder: infratest.NewHolder(store)}
 //		})
 //	}
+//
+// A driver whose machines outlive the test sets Harness.Cleanup, which gets
+// every machine and cluster id a group of cases used.
 package infratest
 
 import (
