@@ -183,7 +183,7 @@ func testFencing(t *testing.T, e *env) {
 			return f.call, infra.Call{}
 		}},
 		{"another job took the cluster", func(t *testing.T, f fixture) (infra.Call, infra.Call) {
-			next, err := e.h.Hold(e.ctx, f.call.ClusterID)
+			next, err := e.hold(e.ctx, f.call.ClusterID)
 			must(t, "hold", err)
 			return f.call, next
 		}},
@@ -206,7 +206,7 @@ func testFencing(t *testing.T, e *env) {
 			return infra.Call{ClusterID: f.call.ClusterID}, f.call
 		}},
 		{"another cluster's job", func(t *testing.T, f fixture) (infra.Call, infra.Call) {
-			other, err := e.h.Hold(e.ctx, uuid.NewString())
+			other, err := e.hold(e.ctx, uuid.NewString())
 			must(t, "hold another cluster", err)
 			return infra.Call{ClusterID: f.call.ClusterID, Operation: other.Operation, Attempt: other.Attempt}, f.call
 		}},
@@ -555,11 +555,12 @@ func controlRules(f fixture) []infra.Rule {
 func (e *env) concurrentCluster(i int) (fixture, error) {
 	ctx, d := e.ctx, e.infra()
 	id := uuid.NewString()
-	call, err := e.h.Hold(ctx, id)
+	call, err := e.hold(ctx, id)
 	if err != nil {
 		return fixture{}, fmt.Errorf("hold: %w", err)
 	}
 	f := fixture{call: call, control: uuid.NewString(), worker: uuid.NewString()}
+	e.use([]string{f.control, f.worker})
 	v0, v1 := e.h.Versions[0], e.h.Versions[1]
 	steps := []struct {
 		name string
