@@ -258,18 +258,7 @@ func driverDSN(u *url.URL, db string) string {
 // such as those of servers that predate a column.
 func Exec(t testing.TB, dsn, query string, args ...any) {
 	t.Helper()
-	driver, source := "sqlite", strings.TrimPrefix(dsn, "sqlite:")
-	if strings.HasPrefix(dsn, "mysql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			t.Fatalf("parse %s: %v", dsn, err)
-		}
-		driver, source = "mysql", driverDSN(u, u.Path)
-	}
-	db, err := sql.Open(driver, source)
-	if err != nil {
-		t.Fatalf("open %s: %v", driver, err)
-	}
+	db := openRaw(t, dsn)
 	defer db.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -278,10 +267,9 @@ func Exec(t testing.TB, dsn, query string, args ...any) {
 	}
 }
 
-// QueryRow reads one row of the database of dsn (as NewDSN returned it)
-// outside the repository into dest, for what the repository does not expose
-// (goose's version table, say).
-func QueryRow(t testing.TB, dsn, query string, dest ...any) {
+// openRaw opens the database of dsn (as NewDSN returned it) with its
+// driver alone, beside the repository.
+func openRaw(t testing.TB, dsn string) *sql.DB {
 	t.Helper()
 	driver, source := "sqlite", strings.TrimPrefix(dsn, "sqlite:")
 	if strings.HasPrefix(dsn, "mysql://") {
@@ -295,6 +283,15 @@ func QueryRow(t testing.TB, dsn, query string, dest ...any) {
 	if err != nil {
 		t.Fatalf("open %s: %v", driver, err)
 	}
+	return db
+}
+
+// QueryRow reads one row of the database of dsn (as NewDSN returned it)
+// outside the repository into dest, for what the repository does not expose
+// (goose's version table, say).
+func QueryRow(t testing.TB, dsn, query string, dest ...any) {
+	t.Helper()
+	db := openRaw(t, dsn)
 	defer db.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
