@@ -48,7 +48,7 @@ type Store struct {
 	backend Backend
 	now     func() time.Time
 	server  string
-	// inTx is set on a Store bound to one transaction (see Fenced): its
+	// inTx is set on a Store bound to one transaction (see Guarded): its
 	// writes are not retried on their own (see retrying).
 	inTx bool
 	// onRetry, optional, sees every lock conflict (WithRetryHook).

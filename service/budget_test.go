@@ -137,7 +137,10 @@ func newBudgetEnv(t *testing.T, b repotest.Backend) *budgetEnv {
 	log := slog.New(slog.DiscardHandler)
 	r := runner.New(runner.Config{Store: e.store, Logger: log, OnDone: func(j repository.Job) { e.done <- j }})
 	t.Cleanup(func() { _ = r.Shutdown(context.Background()) })
-	infra := sim.New(infraStore, sim.Config{})
+	infra, err := sim.Open(context.Background(), infraStore, sim.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.infra, e.self, e.running = infra, self, r.Running
 	e.clusters = service.NewClusters(service.ClustersConfig{
 		Store: e.store, Runner: r, Infra: infra, ServerID: "s1", Incarnation: self.Incarnation, Logger: log,
@@ -334,7 +337,7 @@ func TestScannerPurgesSimulatorLog(t *testing.T) {
 			c := e.create(t, "c", 1)
 			id := strings.TrimPrefix(c.GetName(), "clusters/")
 			calls := func() int {
-				cs, err := e.store.SimCalls(context.Background(), id)
+				cs, err := sim.Calls(context.Background(), e.store, id)
 				if err != nil {
 					t.Fatal(err)
 				}

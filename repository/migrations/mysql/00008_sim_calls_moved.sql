@@ -1,0 +1,23 @@
+-- +goose Up
+-- The simulator's fencing log is the simulator's own table now, created by
+-- its own migrations (package infra/sim, version table goose_sim_version)
+-- after these: clusterd's schema no longer has it. The entries of an
+-- existing log go with it (they are purged after the job retention anyway).
+DROP TABLE sim_calls;
+
+-- +goose Down
+CREATE TABLE sim_calls (
+    id            BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    time          DATETIME(6)  NOT NULL,
+    cluster_id    VARCHAR(36)  NOT NULL,
+    job_id        VARCHAR(36)  NOT NULL,
+    step          VARCHAR(64)  NOT NULL,
+    machine_id    VARCHAR(36)  NOT NULL DEFAULT '',
+    last_event_id BIGINT       NOT NULL DEFAULT 0,
+    refused       BOOLEAN      NOT NULL DEFAULT FALSE,
+    reason        VARCHAR(255) NOT NULL DEFAULT '',
+    attempt       INT          NOT NULL DEFAULT 0,
+    server        VARCHAR(255) NOT NULL DEFAULT '',
+    KEY sim_calls_cluster (cluster_id, id),
+    KEY sim_calls_time (time)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
