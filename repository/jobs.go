@@ -307,7 +307,10 @@ type Finish struct {
 // FinishJob ends an IN_PROGRESS job and, in the same transaction, releases the
 // cluster it holds. A job that already ended, or that another server adopted
 // since f.Attempt, is a *JobConflictError and nothing is written (the
-// cluster's release included: it is one transaction).
+// cluster's release included: it is one transaction). With a release, the
+// job passes the guard first (the cluster's row, then the job's, locked), so
+// its end is ordered against a driver's fenced change like every other
+// write that takes the cluster from it.
 func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 	if !f.Status.Done() {
 		return Job{}, fmt.Errorf("finish job %s: status %s is not final", f.JobID, f.Status)
