@@ -134,8 +134,9 @@ func TestGuardHolder(t *testing.T) {
 	})
 }
 
-// Guarded's fn fails: its writes are rolled back with the guard's
-// transaction, and its error is returned as is.
+// Guarded's fn fails: its writes, through the bound Store and through its
+// Conn, are rolled back with the guard's transaction, and its error is
+// returned as is.
 func TestGuardedRollsBackAFailedChange(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *repository.Store) {
 		ctx := ctxT(t)
@@ -146,6 +147,10 @@ func TestGuardedRollsBackAFailedChange(t *testing.T) {
 			if _, err := tx.CreateMachine(ctx, repository.Machine{ID: machine, Role: "WORKER", Power: "RUNNING"}); err != nil {
 				return err
 			}
+			// A driver's own statement goes to the same transaction.
+			if _, err := tx.Conn().ExecContext(ctx, "UPDATE clusters SET description = ? WHERE id = ?", "changed", c.ID); err != nil {
+				return err
+			}
 			return boom
 		})
 		if !errors.Is(err, boom) || errors.Is(err, repository.ErrFenced) {
@@ -153,6 +158,9 @@ func TestGuardedRollsBackAFailedChange(t *testing.T) {
 		}
 		if _, err := s.GetMachine(ctx, machine); !errors.Is(err, repository.ErrNotFound) {
 			t.Errorf("the failed change's write: %v; want it rolled back", err)
+		}
+		if got, err := s.GetCluster(ctx, c.ID); err != nil || got.Description != c.Description {
+			t.Errorf("the failed change's own statement left description %q, %v; want it rolled back to %q", got.Description, err, c.Description)
 		}
 	})
 }

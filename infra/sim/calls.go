@@ -40,7 +40,9 @@ type Call struct {
 // Migrate creates or updates the simulator's own tables. Open runs it; a
 // process that only reads the log (Calls) of a database a simulator has
 // used needs nothing.
-func Migrate(ctx context.Context, store Migrator) error {
+func Migrate(ctx context.Context, store interface {
+	Migrate(ctx context.Context, name string, dir fs.FS) error
+}) error {
 	dir, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		return fmt.Errorf("simulator schema: %w", err)
@@ -51,14 +53,9 @@ func Migrate(ctx context.Context, store Migrator) error {
 	return nil
 }
 
-// Migrator runs a driver's own migrations (repository.Store.Migrate).
-type Migrator interface {
-	Migrate(ctx context.Context, name string, dir fs.FS) error
-}
-
 // logCall writes the call's log entry through db: inside the call's guarded
 // transaction for a call let through, on its own for a refused one.
-func (s *Simulator) logCall(ctx context.Context, db Conn, f repository.Fence, refused string) error {
+func (s *Simulator) logCall(ctx context.Context, db CallStore, f repository.Fence, refused string) error {
 	last, err := db.LatestEventID(ctx, f.ClusterID)
 	if err != nil {
 		return err
@@ -72,9 +69,9 @@ func (s *Simulator) logCall(ctx context.Context, db Conn, f repository.Fence, re
 	return nil
 }
 
-// Conn is what the call log is written and read through: a
+// CallStore is what the call log is written and read through: a
 // repository.Store, bound to a guarded transaction or not.
-type Conn interface {
+type CallStore interface {
 	Conn() repository.Conn
 	LatestEventID(ctx context.Context, clusterID string) (int64, error)
 	ServerID() string
@@ -83,7 +80,7 @@ type Conn interface {
 // Calls lists the simulator's fencing log in order (all clusters when
 // clusterID is empty), so a checker can compare it with the histories. db
 // is any Store on the simulator's database.
-func Calls(ctx context.Context, db Conn, clusterID string) ([]Call, error) {
+func Calls(ctx context.Context, db CallStore, clusterID string) ([]Call, error) {
 	q := "SELECT id, time, cluster_id, job_id, step, machine_id, last_event_id, refused, reason, attempt, server FROM sim_calls"
 	var args []any
 	if clusterID != "" {
@@ -114,7 +111,7 @@ func Calls(ctx context.Context, db Conn, clusterID string) ([]Call, error) {
 // purgeCalls deletes up to limit entries of the log made before cutoff,
 // found oldest first on the time's index: nothing is sorted, and nothing is
 // read when none is old enough.
-func purgeCalls(ctx context.Context, db Conn, cutoff time.Time, limit int) (int64, error) {
+func purgeCalls(ctx context.Context, db CallStore, cutoff time.Time, limit int) (int64, error) {
 	rows, err := db.Conn().QueryContext(ctx, "SELECT id FROM sim_calls WHERE time < ? ORDER BY time LIMIT ?", stamp(cutoff), limit)
 	if err != nil {
 		return 0, fmt.Errorf("find simulator calls to purge: %w", err)

@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -42,8 +43,10 @@ type Store interface {
 	// Guarded runs a step's writes in one transaction, only while the
 	// step's job holds its cluster (repository.ErrFenced otherwise).
 	Guarded(ctx context.Context, f repository.Fence, fn func(tx *repository.Store) error) error
-	// Conn writes and reads the simulator's own table, the call log.
-	Conn
+	// CallStore writes and reads the simulator's own table, the call log.
+	CallStore
+	// Migrate brings the simulator's own tables up to date (Open).
+	Migrate(ctx context.Context, name string, dir fs.FS) error
 }
 
 // Config tunes the simulator.
@@ -74,10 +77,7 @@ var _ infra.Infrastructure = (*Simulator)(nil)
 
 // Open brings the simulator's own tables up to date in store's database
 // (Migrate) and returns a simulator keeping its machines there.
-func Open(ctx context.Context, store interface {
-	Store
-	Migrator
-}, cfg Config) (*Simulator, error) {
+func Open(ctx context.Context, store Store, cfg Config) (*Simulator, error) {
 	if err := Migrate(ctx, store); err != nil {
 		return nil, err
 	}
