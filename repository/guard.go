@@ -63,15 +63,17 @@ func (h held) clusterHeld(f Fence) bool {
 	return h.clusterFound && h.cluster.CurrentOperation == f.JobID
 }
 
-// guard is the one check that a job holds its cluster, which every write
-// made on a job's behalf goes through: a job's end (FinishJob), its hand-off
-// and adoption, and a driver's fenced changes (Guarded, CheckHolder). It
-// must run inside a transaction. It locks the cluster's row, then the job's
+// guard is the one check that a job holds its cluster. A job's end
+// (FinishJob, when it releases the cluster), its hand-off and adoption, and
+// a driver's fenced changes (Guarded, CheckHolder) pass it; progress, which
+// writes only the job's row, carries its job half (whereHeld). It must run
+// inside a transaction. It locks the cluster's row, then the job's
 // (SELECT ... FOR UPDATE on MySQL; a SQLite transaction holds the database's
-// write lock already), always in that order: every writer that takes a
-// cluster from a job (a claim's compare-and-set, recovery, adoption, the
-// job's end) locks the cluster's row first, so two of them never wait for
-// each other's second lock. With both rows locked it checks that the
+// write lock already), always in that order: every transaction that locks
+// both rows does it here, so none of them waits for another's second lock
+// while holding a lock that one wants; the other writes that take a cluster
+// from a job (a claim's or a recovery's compare-and-set, recovery failing a
+// job) lock one of the two rows only. With both rows locked it checks that the
 // cluster's current operation is f.JobID, that the job is IN_PROGRESS and,
 // when f.Attempt is set, that the job is at that attempt. If not, the error
 // is a *FencedError saying what was found; the rows found are returned
