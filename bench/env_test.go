@@ -109,7 +109,10 @@ func getEnv(b *testing.B, be repotest.Backend, purpose string) *env {
 	log := slog.New(slog.DiscardHandler)
 	e.ended = map[string]chan struct{}{}
 	r := runner.New(runner.Config{Store: e.store, Logger: log, OnDone: func(j repository.Job) { e.end(j.ID) }})
-	infra := sim.New(e.store, sim.Config{})
+	infra, err := sim.Open(ctx, e.store, sim.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
 	cfg := service.ClustersConfig{Store: e.store, Runner: r, Infra: infra, ServerID: "bench", Incarnation: e.self.Incarnation, Logger: log}
 	e.clusters = service.NewClusters(cfg)
 	cfg.Runner = parkedRunner{}

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/lease"
 	"github.com/clusterd/clusterd/repository"
 )
@@ -979,11 +980,11 @@ func (c *chaos) check() {
 		}
 	}
 
-	calls, err := c.repo.SimCalls(ctx, "")
+	calls, err := sim.Calls(ctx, c.repo, "")
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	callsOf := map[string][]repository.SimCall{}
+	callsOf := map[string][]sim.Call{}
 	for _, call := range calls {
 		callsOf[call.Fence.ClusterID] = append(callsOf[call.Fence.ClusterID], call)
 		if call.Refused {

@@ -26,17 +26,25 @@
 //     error wrapping ErrFenced and changes nothing.
 //   - "At the moment of the change" means atomically with it: the check and
 //     the change must be ordered against the writes that take a cluster
-//     from a job (a recovery failing the job, a claim, the job's own end),
-//     all of which lock the cluster's row first and then the job's. The
-//     simulator does the check and its machine writes in one database
-//     transaction with both rows locked (repository.Store.Fenced). A real
-//     driver does the same around its own bookkeeping, or, for an external
-//     API that cannot join the transaction, passes the job id as the
-//     request's idempotency or lease token and checks the holder under the
-//     cluster's row lock immediately before and after the call, treating a
-//     change it cannot fence as the step's own failure to be repaired. The
-//     token is the job id and the attempt together: an adopted job keeps its
-//     id, so the id alone would let the old attempt through.
+//     from a job (a recovery failing the job, a claim, an adoption, the
+//     job's own end). The check is the repository's one guard, which locks
+//     the cluster's row and then the job's, the order all of those writes
+//     keep; a driver never checks the holder by itself. Two hooks give it:
+//     repository.Store.Guarded runs a driver's own writes in the guard's
+//     transaction (the simulator's machine writes and its call log), and
+//     repository.Store.CheckHolder passes the guard alone. A driver whose
+//     changes go to an external API that cannot join the transaction calls
+//     CheckHolder immediately before and immediately after each change,
+//     passes the job id and attempt as the request's idempotency or lease
+//     token where the API takes one, and treats a change it cannot fence
+//     (the second check refused) as the step's own failure to be repaired.
+//     The token is the job id and the attempt together: an adopted job
+//     keeps its id, so the id alone would let the old attempt through.
+//   - A driver's bookkeeping tables are its own: it creates them with
+//     repository.Store.Migrate (the simulator's sim_calls: sim.Migrate)
+//     and writes them through repository.Store.Conn, inside Guarded when
+//     they record a change. The scanner purges a driver's call log through
+//     scanner.CallLogPurger, which the driver implements.
 //   - A call with no job, or for a cluster that does not exist, is refused.
 //   - Calls that only read (Machines, Machine, Rules) are not fenced.
 //

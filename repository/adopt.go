@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
 // History entries of adoption (SPEC §5 step 4): written like RECOVERY_STARTED,
@@ -80,8 +79,8 @@ type Adoption struct {
 // IN_PROGRESS, and on its owner being gone (dead, another incarnation) or the
 // job handed off, that sets the new owner and bumps the attempt, which
 // fences the old owner from that instant (Fence.Attempt, Progress.Attempt,
-// Finish.Attempt, Transition.Attempt). In the same transaction, and first
-// (the cluster's row is locked before the job's, as every writer does), the
+// Finish.Attempt). In the same transaction, after the guard (which locks
+// the cluster's row, then the job's, as every writer does), the
 // cluster gets an OPERATION_ADOPTED history entry naming both servers, by
 // its own compare-and-set with no state change: it keeps its state and its
 // current operation, the job its id. A job that no longer holds its cluster
@@ -93,7 +92,7 @@ func (s *Store) AdoptJob(ctx context.Context, a Adoption) (Job, error) {
 		return Job{}, fmt.Errorf("adopt job %s: it names no cluster: %w", j.ID, ErrNotHeld)
 	}
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
-		c, err := s.lockHeld(tx, j)
+		c, err := s.guardJob(tx, j, "adopt")
 		if err != nil {
 			return err
 		}
@@ -103,8 +102,7 @@ func (s *Store) AdoptJob(ctx context.Context, a Adoption) (Job, error) {
 		}); err != nil {
 			return err
 		}
-		res := tx.Model(&jobRow{}).
-			Where("id = ? AND status = ? AND attempt = ?", j.ID, string(JobInProgress), j.Attempt).
+		res := whereHeld(tx.Model(&jobRow{}), j.ID, j.Attempt).
 			Where("handed_off OR NOT EXISTS (?)", s.liveOwner(a.Cutoff)).
 			Updates(map[string]any{
 				"server_id": a.Server.ID, "server_incarnation": a.Server.Incarnation,
@@ -150,7 +148,7 @@ func (s *Store) HandOffJob(ctx context.Context, h HandOff) (Job, error) {
 		return Job{}, fmt.Errorf("hand off job %s: it names no cluster: %w", j.ID, ErrNotHeld)
 	}
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
-		c, err := s.lockHeld(tx, j)
+		c, err := s.guardJob(tx, j, "hand-off")
 		if err != nil {
 			return err
 		}
@@ -160,7 +158,7 @@ func (s *Store) HandOffJob(ctx context.Context, h HandOff) (Job, error) {
 		}); err != nil {
 			return err
 		}
-		return updateInProgress(tx.Model(&jobRow{}).Where("attempt = ?", j.Attempt), j.ID,
+		return updateHeld(tx.Model(&jobRow{}), j.ID, j.Attempt,
 			map[string]any{"handed_off": true, "update_time": s.stamp()})
 	})
 	if errors.Is(err, errMissed) {
@@ -172,23 +170,24 @@ func (s *Store) HandOffJob(ctx context.Context, h HandOff) (Job, error) {
 	return s.GetJob(ctx, j.ID)
 }
 
-// lockHeld reads (and on MySQL locks) the cluster job j acts on, which must
-// name j as its current operation: ErrNotHeld otherwise.
-func (s *Store) lockHeld(tx *gorm.DB, j Job) (Cluster, error) {
-	q := tx.Where("id = ?", j.ResourceID)
-	if s.backend == MySQL {
-		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
-	}
-	var row clusterRow
-	err := q.Take(&row).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
+// guardJob passes the guard for a write of job j's own (its hand-off or
+// adoption) at j's attempt and returns the cluster as locked. A cluster that
+// does not exist is ErrNotFound, one that no longer names j as its current
+// operation ErrNotHeld, and a job that ended or was adopted since j was
+// read errMissed (each caller says what that means to it).
+func (s *Store) guardJob(tx *gorm.DB, j Job, step string) (Cluster, error) {
+	f := Fence{ClusterID: j.ResourceID, JobID: j.ID, Attempt: j.Attempt, Step: step}
+	h, err := s.guard(tx, f)
+	var fenced *FencedError
+	switch {
+	case errors.As(err, &fenced) && !h.clusterFound:
 		return Cluster{}, fmt.Errorf("cluster %s: %w", j.ResourceID, ErrNotFound)
+	case errors.As(err, &fenced) && !h.clusterHeld(f):
+		return Cluster{}, fmt.Errorf("cluster %s is held by %q, not job %s: %w", j.ResourceID, h.cluster.CurrentOperation, j.ID, ErrNotHeld)
+	case errors.As(err, &fenced):
+		return Cluster{}, errMissed
+	case err != nil:
+		return Cluster{}, err
 	}
-	if err != nil {
-		return Cluster{}, fmt.Errorf("lock cluster %s: %w", j.ResourceID, classify(err))
-	}
-	if row.CurrentOperation != j.ID {
-		return Cluster{}, fmt.Errorf("cluster %s is held by %q, not job %s: %w", row.ID, row.CurrentOperation, j.ID, ErrNotHeld)
-	}
-	return row.toCluster()
+	return h.cluster.toCluster()
 }

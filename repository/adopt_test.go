@@ -123,10 +123,12 @@ func TestAdoptJobFencesTheOldOwner(t *testing.T) {
 				Release: &repository.Transition{ClusterID: c.ID, Expect: after.Expect(), Event: lifecycle.OperationFailed}}); !errors.As(err, &jc) {
 				t.Errorf("old owner's end: %v; want a JobConflictError", err)
 			}
-			if _, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: after.Expect(), Event: lifecycle.OperationFailed, Operation: j.ID, Attempt: 1}); !errors.Is(err, repository.ErrConflict) {
+			// Its moves expect the cluster as it last wrote it, which the
+			// adoption's history entry moved on.
+			if _, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.OperationFailed, Operation: j.ID}); !errors.Is(err, repository.ErrConflict) {
 				t.Errorf("old owner's transition: %v; want ErrConflict", err)
 			}
-			err = s.Fenced(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Attempt: 1, Step: "join_node"}, func(*repository.Store) error {
+			err = s.Guarded(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Attempt: 1, Step: "join_node"}, func(*repository.Store) error {
 				t.Error("the old owner's fenced write ran")
 				return nil
 			})
@@ -135,12 +137,8 @@ func TestAdoptJobFencesTheOldOwner(t *testing.T) {
 				t.Errorf("old owner's fenced call: %v; want a FencedError", err)
 			}
 			ran := false
-			if err := s.Fenced(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Attempt: 2, Step: "join_node"}, func(*repository.Store) error { ran = true; return nil }); err != nil || !ran {
+			if err := s.Guarded(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Attempt: 2, Step: "join_node"}, func(*repository.Store) error { ran = true; return nil }); err != nil || !ran {
 				t.Errorf("adopter's fenced call: ran %t, %v; want it let through", ran, err)
-			}
-			calls, _ := s.SimCalls(ctx, c.ID)
-			if len(calls) != 2 || !calls[0].Refused || calls[0].Fence.Attempt != 1 || calls[1].Refused || calls[1].Fence.Attempt != 2 {
-				t.Errorf("fencing log = %+v; want attempt 1 refused, then attempt 2 accepted", calls)
 			}
 			now2, _ := s.GetCluster(ctx, c.ID)
 			if now2.Expect() != after.Expect() {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 
 	"github.com/clusterd/clusterd/lifecycle"
 )
@@ -83,11 +82,6 @@ type Transition struct {
 	// cluster's history.
 	Server  string
 	Message string
-	// Attempt, when set, also requires the job named by Expect.Operation to
-	// be IN_PROGRESS at this attempt (its row locked after the cluster's),
-	// so a server whose job another server adopted cannot move the cluster
-	// the adopter now drives (SPEC §5 step 4).
-	Attempt int32
 }
 
 // Move is the transition that carries out decision d on cluster c as read:
@@ -405,11 +399,6 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 	if res.RowsAffected != 1 {
 		return Cluster{}, errMissed
 	}
-	if t.Attempt > 0 {
-		if err := s.atAttemptOf(tx, t.Expect.Operation, t.Attempt); err != nil {
-			return Cluster{}, err
-		}
-	}
 	op := t.Operation
 	if op == "" {
 		op = t.Expect.Operation
@@ -430,26 +419,6 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 		return Cluster{}, fmt.Errorf("read back cluster %s: %w", t.ClusterID, classify(err))
 	}
 	return row.toCluster()
-}
-
-// atAttemptOf locks job id's row and returns errMissed unless the job is
-// IN_PROGRESS at attempt. It must run inside a transaction.
-func (s *Store) atAttemptOf(tx *gorm.DB, id string, attempt int32) error {
-	q := tx.Select("id", "status", "attempt").Where("id = ?", id)
-	if s.backend == MySQL {
-		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
-	}
-	var j jobRow
-	err := q.Take(&j).Error
-	switch {
-	case errors.Is(err, gorm.ErrRecordNotFound):
-		return errMissed
-	case err != nil:
-		return fmt.Errorf("lock job %s: %w", id, classify(err))
-	case j.Status != string(JobInProgress) || j.Attempt != attempt:
-		return errMissed
-	}
-	return nil
 }
 
 // explain turns a missed compare-and-set into ErrNotFound or a *ConflictError

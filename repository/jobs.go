@@ -132,21 +132,26 @@ type Progress struct {
 // then the whole row, CancelRequested set), is no longer IN_PROGRESS
 // (recovery failed it) or is no longer at p.Attempt (another server adopted
 // it) is read: the last two are a *JobConflictError, its work must stop.
+// Progress writes only the job's own row, so it carries only the job's half
+// of the guard (whereHeld) and locks nothing: a driver's changes, not the
+// record of a step, are what the guard's cluster lock orders.
 func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (Job, error) {
 	var (
-		res  *gorm.DB
-		now  time.Time
-		cond = "id = ? AND status = ? AND cancel_requested = ?"
-		args = []any{jobID, string(JobInProgress), false}
+		res             *gorm.DB
+		now             time.Time
+		unlessCancelled = true
 	)
 	write := func() error {
 		return s.retrying(ctx, func() error {
 			now = s.stamp()
-			res = atAttempt(s.db.WithContext(ctx).Model(&jobRow{}), p.Attempt).Where(cond, args...).
-				Updates(map[string]any{
-					"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
-					"update_time": now,
-				})
+			db := whereHeld(s.db.WithContext(ctx).Model(&jobRow{}), jobID, p.Attempt)
+			if unlessCancelled {
+				db = db.Where("cancel_requested = ?", false)
+			}
+			res = db.Updates(map[string]any{
+				"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
+				"update_time": now,
+			})
 			return classify(res.Error)
 		})
 	}
@@ -165,7 +170,7 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 	}
 	// Cancelled: the step is still recorded, so the operation shows where
 	// it stopped.
-	cond, args = "id = ? AND status = ?", []any{jobID, string(JobInProgress)}
+	unlessCancelled = false
 	if err := write(); err != nil {
 		return Job{}, fmt.Errorf("record progress of job %s: %w", jobID, err)
 	}
@@ -176,10 +181,15 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 	return job, nil
 }
 
-// atAttempt conditions a job write on the writer's attempt (none when 0).
-func atAttempt(db *gorm.DB, attempt int32) *gorm.DB {
+// whereHeld conditions a write of job id on the job's half of the guard:
+// the job is IN_PROGRESS and, when attempt is set, at that attempt. A job's
+// own writes carry it even after passing the guard, so each stays one
+// compare-and-set on the job's row; progress, which writes nothing else,
+// carries only it and takes no lock (see RecordProgress).
+func whereHeld(db *gorm.DB, id string, attempt int32) *gorm.DB {
+	db = db.Where("id = ? AND status = ?", id, string(JobInProgress))
 	if attempt > 0 {
-		return db.Where("attempt = ?", attempt)
+		db = db.Where("attempt = ?", attempt)
 	}
 	return db
 }
@@ -200,10 +210,10 @@ func jobConflict(j Job) *JobConflictError {
 	return &JobConflictError{JobID: j.ID, Status: j.Status, Attempt: j.Attempt, ServerID: j.ServerID}
 }
 
-// updateInProgress writes set to job id while it is IN_PROGRESS (and meets
-// db's conditions, such as the writer's attempt); errMissed when it is not.
-func updateInProgress(db *gorm.DB, id string, set map[string]any) error {
-	res := db.Where("id = ? AND status = ?", id, string(JobInProgress)).Updates(set)
+// updateHeld writes set to job id while it is IN_PROGRESS at attempt (any,
+// when 0; see whereHeld); errMissed when it is not.
+func updateHeld(db *gorm.DB, id string, attempt int32, set map[string]any) error {
+	res := whereHeld(db, id, attempt).Updates(set)
 	if res.Error != nil {
 		return fmt.Errorf("update job: %w", classify(res.Error))
 	}
@@ -297,7 +307,10 @@ type Finish struct {
 // FinishJob ends an IN_PROGRESS job and, in the same transaction, releases the
 // cluster it holds. A job that already ended, or that another server adopted
 // since f.Attempt, is a *JobConflictError and nothing is written (the
-// cluster's release included: it is one transaction).
+// cluster's release included: it is one transaction). With a release, the
+// job passes the guard first (the cluster's row, then the job's, locked), so
+// its end is ordered against a driver's fenced change like every other
+// write that takes the cluster from it.
 func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 	if !f.Status.Done() {
 		return Job{}, fmt.Errorf("finish job %s: status %s is not final", f.JobID, f.Status)
@@ -306,18 +319,24 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 	var now time.Time
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		notHeld = false // this may be a second attempt
-		// Cluster first, then job: the same lock order as Claim and as a
-		// fenced infrastructure write, so they never deadlock each other on
-		// MySQL.
 		if f.Release != nil {
 			t := *f.Release
 			t.Operation = ""
-			if t.Expect.Operation != f.JobID {
-				notHeld = true
-			} else if _, err := s.casCluster(tx, t); errors.Is(err, errMissed) {
-				notHeld = true
-			} else if err != nil {
+			h, err := s.guard(tx, Fence{ClusterID: t.ClusterID, JobID: f.JobID, Attempt: f.Attempt, Step: "finish"})
+			var fenced *FencedError
+			switch {
+			case errors.As(err, &fenced) && h.clusterHeld(fenced.Fence):
+				return errMissed // the job ended or was adopted: nothing is written
+			case errors.As(err, &fenced) || t.Expect.Operation != f.JobID:
+				notHeld = true // the job still ends; the cluster is left alone
+			case err != nil:
 				return err
+			default:
+				if _, err := s.casCluster(tx, t); errors.Is(err, errMissed) {
+					notHeld = true
+				} else if err != nil {
+					return err
+				}
 			}
 		}
 		now = s.stamp()
@@ -328,7 +347,7 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 		if p := f.Progress; p != nil {
 			set["step"], set["steps_done"], set["steps_total"] = p.Step, p.StepsDone, p.StepsTotal
 		}
-		return updateInProgress(atAttempt(tx.Model(&jobRow{}), f.Attempt), f.JobID, set)
+		return updateHeld(tx.Model(&jobRow{}), f.JobID, f.Attempt, set)
 	})
 	if errors.Is(err, errMissed) {
 		return s.jobMissed(ctx, f.JobID)

@@ -314,7 +314,7 @@ func TestFrozenTransactionReleasesItsLocks(t *testing.T) {
 		locked, wake := make(chan struct{}), make(chan struct{})
 		done := make(chan error, 1)
 		go func() {
-			done <- frozen.Fenced(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Step: "power_off"}, func(tx *repository.Store) error {
+			done <- frozen.Guarded(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Step: "power_off"}, func(tx *repository.Store) error {
 				close(locked) // the cluster's and the job's rows are locked
 				<-wake        // frozen
 				_, err := tx.ListMachines(ctx, c.ID)
@@ -333,8 +333,5 @@ func TestFrozenTransactionReleasesItsLocks(t *testing.T) {
 			t.Error("the frozen transaction committed after MariaDB ended its session")
 		}
 		t.Logf("peer write went through %s after the transaction froze (idle timeout 1s)", took.Round(time.Millisecond))
-		if calls, _ := peer.SimCalls(ctx, c.ID); len(calls) != 0 {
-			t.Errorf("the frozen call was logged: %+v", calls)
-		}
 	})
 }

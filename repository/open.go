@@ -2,6 +2,31 @@
 // clusters, jobs, cluster events and servers, and makes every write of a
 // cluster's state a compare-and-set on (id, state, version) that returns a
 // typed error when it misses (SPEC §3.1).
+//
+// # Fencing
+//
+// Whether a job still holds its cluster is decided in one place, the guard
+// (guard.go): with the cluster's row locked and then the job's, always in
+// that order, the cluster must name the job as its current operation, the
+// job must be IN_PROGRESS and, when the caller knows its attempt, at that
+// attempt. A job's end (FinishJob), its hand-off (HandOffJob) and its
+// adoption (AdoptJob) pass it before they write, and so does every driver's
+// change: Guarded runs a driver's writes in the guard's transaction, and
+// CheckHolder passes the guard alone, for a driver whose changes go to an
+// external API it calls immediately before and after each change. The
+// writes that follow still carry their own conditions (the cluster's
+// compare-and-set, the job's status and attempt), so each stays one
+// compare-and-set; progress, which writes only the job's own row, carries
+// the job's half of the guard as its condition and locks nothing.
+//
+// # A driver's own tables
+//
+// A driver that keeps bookkeeping of its own (the simulator's call log) owns
+// its tables: it brings them up to date with Migrate (its own goose
+// migrations, its own version table) and sends its statements through Conn,
+// which inside Guarded's fn is the guard's transaction, so the bookkeeping
+// commits with the check or not at all. clusterd's migrations do not know
+// those tables.
 package repository
 
 import (
@@ -48,7 +73,7 @@ type Store struct {
 	backend Backend
 	now     func() time.Time
 	server  string
-	// inTx is set on a Store bound to one transaction (see Fenced): its
+	// inTx is set on a Store bound to one transaction (see Guarded): its
 	// writes are not retried on their own (see retrying).
 	inTx bool
 	// onRetry, optional, sees every lock conflict (WithRetryHook).

@@ -28,7 +28,7 @@ func seedScale(t *testing.T, dsn string, n int, now time.Time) {
 			return "'" + now.Add(d).UTC().Format("2006-01-02 15:04:05.999999999-07:00") + "'"
 		}
 	}
-	var clusters, machines, jobs, calls []string
+	var clusters, machines, jobs []string
 	for i := range n {
 		id := fmt.Sprintf("00000000-0000-7000-8000-%012d", i)
 		state, op, power := "RUNNING", "", "RUNNING"
@@ -48,7 +48,6 @@ func seedScale(t *testing.T, dsn string, n int, now time.Time) {
 			machines = append(machines, fmt.Sprintf("('00000000-0000-7000-b%03d-%012d','%s','WORKER','%s',1,'1.30.2','medium',%s,%s)", m, i, id, power, ts(-48*time.Hour), ts(-24*time.Hour)))
 		}
 		jobs = append(jobs, fmt.Sprintf("('00000000-0000-7000-a000-%012d','create','acme','%s','peer','inc','SUCCEEDED','{}','','',%s,%s,%s,%s)", i, id, ts(time.Hour), ts(-48*time.Hour), ts(-47*time.Hour), ts(-47*time.Hour)))
-		calls = append(calls, fmt.Sprintf("(%s,'%s','00000000-0000-7000-a000-%012d','boot_node')", ts(-47*time.Hour), id, i))
 	}
 	insert := func(head string, rows []string) {
 		for len(rows) > 0 {
@@ -59,12 +58,11 @@ func seedScale(t *testing.T, dsn string, n int, now time.Time) {
 	}
 	insert("INSERT INTO clusters (id, account, display_name, alive, description, state, version, current_operation, kubernetes_version, control_node_count, worker_node_count, service_offering, create_time, update_time) VALUES ", clusters)
 	insert("INSERT INTO machines (id, cluster_id, role, power, joined, kubernetes_version, offering, create_time, update_time) VALUES ", machines)
-	insert("INSERT INTO sim_calls (time, cluster_id, job_id, step) VALUES ", calls)
 	insert("INSERT INTO jobs (id, kind, account, resource_id, server_id, server_incarnation, status, params, result, error, deadline, create_time, update_time, end_time) VALUES ", jobs)
 	repotest.Exec(t, dsn, "INSERT INTO servers (id, incarnation, start_time, heartbeat_time) VALUES ('peer','inc',"+ts(-time.Hour)+","+ts(0)+")")
 	if strings.HasPrefix(dsn, "mysql://") {
 		// InnoDB's persistent statistics, as a server that has run a while has them.
-		repotest.Exec(t, dsn, "ANALYZE TABLE clusters, machines, jobs, servers, sim_calls")
+		repotest.Exec(t, dsn, "ANALYZE TABLE clusters, machines, jobs, servers")
 	}
 }
 
@@ -147,10 +145,6 @@ func TestScanQueryPlans(t *testing.T) {
 					return err
 				}},
 				{"purge", []string{"jobs_end_time"}, func() error { _, err := s.PurgeJobs(ctx, now.Add(-7*24*time.Hour), 500); return err }},
-				{"purge simulator calls", []string{"sim_calls_time"}, func() error {
-					_, err := s.PurgeSimCalls(ctx, now.Add(-7*24*time.Hour), 500)
-					return err
-				}},
 				{"get cluster", nil, func() error { _, err := s.GetCluster(ctx, "00000000-0000-7000-8000-000000001234"); return err }},
 				{"list clusters", nil, func() error {
 					_, err := s.ListClusters(ctx, repository.ClusterQuery{After: "00000000-0000-7000-8000-000000001234", Limit: 101})
@@ -202,7 +196,7 @@ func openRaw(t *testing.T, dsn string) *sql.DB {
 }
 
 // bigTables are the tables whose size grows with the clusters.
-var bigTables = map[string]bool{"clusters": true, "jobs": true, "machines": true, "cluster_events": true, "sim_calls": true, "c": true, "j": true, "m": true}
+var bigTables = map[string]bool{"clusters": true, "jobs": true, "machines": true, "cluster_events": true, "c": true, "j": true, "m": true}
 
 // explain returns the plan of q and, if it reads a big table whole, or
 // sorts rows of one to find the first few (a LIMIT that an index order

@@ -228,58 +228,6 @@ func TestPurgeJobsKeepsHeldAndRecent(t *testing.T) {
 	}
 }
 
-// The simulator's fencing log is purged past the retention period, oldest
-// first, a page at a time; recent entries stay.
-func TestPurgeSimCallsKeepsRecent(t *testing.T) {
-	for _, b := range backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			now := noon
-			s := openAt(t, b, &now)
-			ctx := ctxT(t)
-			srv, _ := s.RegisterServer(ctx, "me")
-			c, j := claimOn(t, s, "c", srv)
-			call := func(step string) {
-				t.Helper()
-				if err := s.Fenced(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Step: step}, func(*repository.Store) error { return nil }); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for _, step := range []string{"old-1", "old-2", "old-3"} {
-				call(step)
-			}
-			now = now.Add(8 * 24 * time.Hour)
-			call("recent")
-			cutoff := now.Add(-7 * 24 * time.Hour)
-			steps := func() []string {
-				calls, err := s.SimCalls(ctx, c.ID)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var out []string
-				for _, c := range calls {
-					out = append(out, c.Fence.Step)
-				}
-				return out
-			}
-			if n, err := s.PurgeSimCalls(ctx, cutoff, 2); err != nil || n != 2 {
-				t.Fatalf("first page: purged %d, %v; want 2", n, err)
-			}
-			if got := steps(); !slices.Equal(got, []string{"old-3", "recent"}) {
-				t.Errorf("after one page of 2: %v; want the two oldest gone", got)
-			}
-			if n, err := s.PurgeSimCalls(ctx, cutoff, 2); err != nil || n != 1 {
-				t.Fatalf("second page: purged %d, %v; want 1", n, err)
-			}
-			if n, err := s.PurgeSimCalls(ctx, cutoff, 2); err != nil || n != 0 {
-				t.Fatalf("nothing old left: purged %d, %v; want 0", n, err)
-			}
-			if got := steps(); !slices.Equal(got, []string{"recent"}) {
-				t.Errorf("left %v; want only the recent call", got)
-			}
-		})
-	}
-}
-
 // Orphans returns the clusters recovery must take over and no other: those
 // that name an operation whose job has ended (whatever its end), and those
 // left in an operation state by no operation. A cluster held by a job that

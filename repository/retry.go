@@ -33,7 +33,7 @@ const (
 // retrying runs op, which must be a whole transaction or a single statement
 // outside one, again while it fails with a lock conflict, a bounded number
 // of times, with a short jittered backoff. Inside a transaction (a Store
-// bound to one, see Fenced) it runs op once: InnoDB rolls back the whole
+// bound to one, see Guarded) it runs op once: InnoDB rolls back the whole
 // transaction on a deadlock, so only its outermost caller may run it again.
 func (s *Store) retrying(ctx context.Context, op func() error) error {
 	if s.inTx {
@@ -68,7 +68,7 @@ func (s *Store) retrying(ctx context.Context, op func() error) error {
 // transaction runs fn in one transaction, run again as a whole while it
 // loses a lock conflict (see retrying). fn must be safe to run more than
 // once: it must reset whatever it records outside the database. On a Store
-// bound to a transaction (see Fenced) fn runs in that transaction as is: a
+// bound to a transaction (see Guarded) fn runs in that transaction as is: a
 // savepoint would cost a statement and buy nothing, since an error rolls
 // the whole transaction back.
 func (s *Store) transaction(ctx context.Context, fn func(tx *gorm.DB) error) error {

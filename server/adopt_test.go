@@ -13,6 +13,7 @@ import (
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
@@ -57,7 +58,7 @@ func describeHistory(hist []repository.Event) string {
 // after it is the adopter's.
 func checkFencedAfterAdoption(t *testing.T, r *rig, cluster, op string, adopted repository.Event, attempt int32) {
 	t.Helper()
-	calls, err := r.seed.SimCalls(r.ctx, clusterUUID(cluster))
+	calls, err := sim.Calls(r.ctx, r.seed, clusterUUID(cluster))
 	if err != nil {
 		t.Fatal(err)
 	}

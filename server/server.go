@@ -169,6 +169,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cleanup := func() { _ = s.store.Close() }
+	// The simulator's own tables, beside clusterd's (sim.Migrate).
+	if err := sim.Migrate(ctx, s.store); err != nil {
+		cleanup()
+		return nil, err
+	}
 	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		cleanup()
 		return nil, fmt.Errorf("listen for gRPC on %s: %w", cfg.GRPCAddr, err)

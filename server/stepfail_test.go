@@ -134,7 +134,7 @@ func stepsOf(t *testing.T, h *harness, kind stepKind, name string) []string {
 	if done.GetError() != nil {
 		t.Fatalf("%s without faults failed: %v", kind.name, done.GetError())
 	}
-	calls, err := h.seed.SimCalls(tctx(t), clusterUUID(fxMetadata(t, done).GetCluster()))
+	calls, err := sim.Calls(tctx(t), h.seed, clusterUUID(fxMetadata(t, done).GetCluster()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,8 +61,12 @@ func TestALongInfrastructureErrorReachesTheOperation(t *testing.T) {
 			r := runner.New(runner.Config{Store: store, Logger: log, Encode: service.EncodeJobError,
 				OnDone: func(j repository.Job) { done <- j }})
 			t.Cleanup(func() { _ = r.Shutdown(context.Background()) })
+			simulator, err := sim.Open(context.Background(), store, sim.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
 			clusters := service.NewClusters(service.ClustersConfig{
-				Store: store, Runner: r, Infra: wordyInfra{Simulator: sim.New(store, sim.Config{}), cause: tt.cause},
+				Store: store, Runner: r, Infra: wordyInfra{Simulator: simulator, cause: tt.cause},
 				ServerID: "s1", Incarnation: self.Incarnation, Logger: log,
 			})
 			wait := func(op *longrunningpb.Operation) repository.Job {

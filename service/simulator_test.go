@@ -28,7 +28,10 @@ func forEachSimulator(t *testing.T, fn func(t *testing.T, b *sim.Simulator, h *s
 	for _, be := range repotest.Backends(t) {
 		t.Run(be.Name, func(t *testing.T) {
 			store := repotest.Open(t, be)
-			b := sim.New(store, sim.Config{})
+			b, err := sim.Open(context.Background(), store, sim.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
 			simStores.Store(b, store)
 			t.Cleanup(func() { simStores.Delete(b) })
 			fn(t, b, service.NewSimulator(b))

@@ -19,7 +19,10 @@ func TestConformance(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			infratest.Run(t, func(t *testing.T) infratest.Harness {
 				store := repotest.Open(t, b)
-				s := sim.New(store, sim.Config{})
+				s, err := sim.Open(context.Background(), store, sim.Config{})
+				if err != nil {
+					t.Fatal(err)
+				}
 				return infratest.Harness{
 					Infra:  s,
 					Holder: infratest.NewHolder(store),

@@ -99,7 +99,7 @@ func TestStepsOfAJobThatDoesNotHoldItsClusterAreRefused(t *testing.T) {
 			}
 		}
 		// The log has them too, every one marked refused with its reason.
-		calls, err := store.SimCalls(ctx, failed.id)
+		calls, err := sim.Calls(ctx, store, failed.id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +238,7 @@ func TestFencingOrdersStepsAgainstTheLossOfTheCluster(t *testing.T) {
 		if end.Name != lifecycle.CreateFailed.String() {
 			t.Fatalf("last history entry %s; want the release", end.Name)
 		}
-		calls, err := store.SimCalls(ctx, c.id)
+		calls, err := sim.Calls(ctx, store, c.id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,7 +345,7 @@ func TestStepsOfAnAdoptedAttemptAreRefused(t *testing.T) {
 		if m := machine(t, s, c.worker); m.Power != infra.PowerStopped {
 			t.Errorf("the adopter's power_off did not run: %+v", m)
 		}
-		calls, err := store.SimCalls(ctx, c.id)
+		calls, err := sim.Calls(ctx, store, c.id)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,15 +7,21 @@
 // Every step is idempotent, like a real driver's must be: an operation run
 // again after an interruption converges instead of failing on what it did
 // the first time. Every step is fenced, as infra's package doc asks of a
-// driver: its machine writes and the check that its job still holds its
-// cluster are one transaction, logged in the sim_calls table (accepted and
-// refused alike) so that tests can check the promise independently.
+// driver: its machine writes and the repository's guard (its job still
+// holds its cluster) are one transaction (repository.Store.Guarded), and
+// every call, accepted or refused, is logged in the simulator's own table,
+// sim_calls, so that tests can check the promise independently (Calls).
+// The simulator owns that table: Open creates it through the repository's
+// hook for a driver's own migrations (repository.Store.Migrate). Its
+// machines and network rules are still clusterd's tables, kept by the
+// repository.
 package sim
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -34,11 +40,13 @@ type Store interface {
 	ListMachines(ctx context.Context, clusterIDs ...string) ([]repository.Machine, error)
 	UpdateMachine(ctx context.Context, id string, cond repository.MachineCondition, ch repository.MachineChanges) (repository.Machine, error)
 	ListNetworkRules(ctx context.Context, clusterID string) ([]repository.NetworkRule, error)
-	// Fenced runs a step's writes in one transaction, only while the
+	// Guarded runs a step's writes in one transaction, only while the
 	// step's job holds its cluster (repository.ErrFenced otherwise).
-	Fenced(ctx context.Context, f repository.Fence, fn func(tx *repository.Store) error) error
-	// PurgeSimCalls deletes the oldest entries of the fencing log.
-	PurgeSimCalls(ctx context.Context, cutoff time.Time, limit int) (int64, error)
+	Guarded(ctx context.Context, f repository.Fence, fn func(tx *repository.Store) error) error
+	// CallStore writes and reads the simulator's own table, the call log.
+	CallStore
+	// Migrate brings the simulator's own tables up to date (Open).
+	Migrate(ctx context.Context, name string, dir fs.FS) error
 }
 
 // Config tunes the simulator.
@@ -67,7 +75,18 @@ type Simulator struct {
 
 var _ infra.Infrastructure = (*Simulator)(nil)
 
-// New returns a simulator keeping its machines in store.
+// Open brings the simulator's own tables up to date in store's database
+// (Migrate) and returns a simulator keeping its machines there.
+func Open(ctx context.Context, store Store, cfg Config) (*Simulator, error) {
+	if err := Migrate(ctx, store); err != nil {
+		return nil, err
+	}
+	return New(store, cfg), nil
+}
+
+// New returns a simulator keeping its machines in store, whose database
+// must have the simulator's tables already (Open, Migrate). A simulator
+// whose steps are only validated may have no store.
 func New(store Store, cfg Config) *Simulator {
 	s := &Simulator{store: store, delay: cfg.StepDelay, now: cfg.Clock, log: cfg.Logger, inj: newInjector()}
 	if s.now == nil {
@@ -96,12 +115,25 @@ func (s *Simulator) step(ctx context.Context, name string, c infra.Call) error {
 }
 
 // fenced runs a step's writes only while the call's job, at the call's
-// attempt, holds the call's cluster (repository.Store.Fenced). A refusal is counted, logged, and
-// returned wrapping infra.ErrFenced; nothing was changed.
+// attempt, holds the call's cluster (repository.Store.Guarded), and logs the
+// call in the same transaction. A refusal is counted, logged (in a
+// transaction of its own: nothing else is written), and returned wrapping
+// infra.ErrFenced; nothing was changed.
 func (s *Simulator) fenced(ctx context.Context, step string, c infra.Call, fn func(tx *repository.Store) error) error {
-	err := s.store.Fenced(ctx, repository.Fence{ClusterID: c.ClusterID, JobID: c.Operation, Attempt: c.Attempt, Step: step, MachineID: c.MachineID}, fn)
+	f := repository.Fence{ClusterID: c.ClusterID, JobID: c.Operation, Attempt: c.Attempt, Step: step, MachineID: c.MachineID}
+	err := s.store.Guarded(ctx, f, func(tx *repository.Store) error {
+		if err := fn(tx); err != nil {
+			return err
+		}
+		return s.logCall(ctx, tx, f, "")
+	})
 	var refused *repository.FencedError
 	if errors.As(err, &refused) {
+		if f.ClusterID != "" && f.JobID != "" {
+			if lerr := s.logCall(ctx, s.store, f, refused.Reason); lerr != nil {
+				return fmt.Errorf("%s: log its refusal (%v): %w", step, refused, lerr)
+			}
+		}
 		s.refused.Add(1)
 		s.log.Warn("step refused: its job no longer holds the cluster", "step", step, "cluster", c.ClusterID,
 			"operation", c.Operation, "machine", c.MachineID, "found", refused.Reason)
@@ -140,7 +172,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // accepted or refused) made before cutoff, oldest first; the scanner calls it
 // with the job retention, so the log lives as long as the jobs it records.
 func (s *Simulator) PurgeCallLog(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
-	n, err := s.store.PurgeSimCalls(ctx, cutoff, limit)
+	n, err := purgeCalls(ctx, s.store, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("purge the fencing log: %w", err)
 	}

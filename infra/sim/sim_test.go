@@ -35,7 +35,10 @@ func forEachBackend(t *testing.T, cfg sim.Config, fn func(t *testing.T, s *sim.S
 var stores sync.Map // *sim.Simulator -> *repository.Store
 
 func newSim(t *testing.T, store *repository.Store, cfg sim.Config) *sim.Simulator {
-	s := sim.New(store, cfg)
+	s, err := sim.Open(context.Background(), store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	stores.Store(s, store)
 	t.Cleanup(func() { stores.Delete(s) })
 	return s
