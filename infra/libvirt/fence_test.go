@@ -2,6 +2,7 @@ package libvirt_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -204,9 +205,14 @@ func TestMachinesListsClusterdDomainsOldestFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, other := e.newCluster(t), e.newCluster(t)
+	// Created in the reverse of their ids' order, so that oldest first is
+	// not by id.
+	ids := []string{uuid.NewString(), uuid.NewString(), uuid.NewString()}
+	slices.Sort(ids)
+	slices.Reverse(ids)
 	var want []string
-	for range 3 {
-		want = append(want, e.provision(t, c, infra.RoleWorker).ID)
+	for _, id := range ids {
+		want = append(want, e.provisionID(t, c, infra.RoleWorker, id).ID)
 		time.Sleep(2 * time.Millisecond) // distinct creation times
 	}
 	o := e.provision(t, other, infra.RoleControl)

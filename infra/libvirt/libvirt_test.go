@@ -165,7 +165,11 @@ func (e *env) newCluster(t *testing.T) cluster {
 
 func (e *env) provision(t *testing.T, c cluster, role infra.Role) infra.Machine {
 	t.Helper()
-	id := uuid.NewString()
+	return e.provisionID(t, c, role, uuid.NewString())
+}
+
+func (e *env) provisionID(t *testing.T, c cluster, role infra.Role, id string) infra.Machine {
+	t.Helper()
 	e.track(id, "")
 	m, err := e.d.ProvisionMachine(ctxT(t), c.call(""), id, role, "tiny", "1.30.2")
 	if err != nil {
@@ -275,6 +279,14 @@ func TestStepsConverge(t *testing.T) {
 	twice(t, "configure_network", func() error { return e.d.ConfigureNetwork(ctx, c.call(""), rules) })
 	if got, err := e.d.Rules(ctx, c.id); err != nil || !sameRules(got, rules) {
 		t.Fatalf("Rules = %+v, %v; want %+v", got, err, rules)
+	}
+
+	twice(t, "configure_network", func() error { return e.d.ConfigureNetwork(ctx, c.call(""), nil) })
+	if got, err := e.d.Rules(ctx, c.id); err != nil || len(got) != 0 {
+		t.Fatalf("Rules after configuring none = %+v, %v", got, err)
+	}
+	if err := e.d.ConfigureNetwork(ctx, c.call(""), rules); err != nil {
+		t.Fatal(err)
 	}
 
 	twice(t, "drain_node", func() error { return e.d.DrainNode(ctx, c.call(wrk.ID)) })
