@@ -33,12 +33,12 @@ func TestAnOlderAttemptChangesNothing(t *testing.T) {
 	steps := map[string]func() error{
 		infra.StepPowerOn:        func() error { return e.d.PowerOn(ctx, first) },
 		infra.StepAttachISO:      func() error { return e.d.AttachISO(ctx, first, "kubernetes-1.30.2.iso") },
-		infra.StepResizeMachine:  func() error { return e.d.ResizeMachine(ctx, first, "medium") },
+		infra.StepResizeMachine:  func() error { return e.d.ResizeMachine(ctx, first, "large") },
 		infra.StepDrainNode:      func() error { return e.d.DrainNode(ctx, first) },
 		infra.StepDeleteNode:     func() error { return e.d.DeleteNode(ctx, first) },
 		infra.StepDestroyMachine: func() error { return e.d.DestroyMachine(ctx, first) },
 		infra.StepProvisionMachine: func() error {
-			_, err := e.d.ProvisionMachine(ctx, first, m.ID, infra.RoleWorker, "tiny", "1.30.2")
+			_, err := e.d.ProvisionMachine(ctx, first, m.ID, infra.RoleWorker, "small", "1.30.2")
 			return err
 		},
 	}
@@ -48,7 +48,7 @@ func TestAnOlderAttemptChangesNothing(t *testing.T) {
 		}
 	}
 	got := e.machine(t, m.ID)
-	if got.Power != infra.PowerStopped || got.AttachedISO != "" || got.Offering != "tiny" || got.ClusterID != c.id {
+	if got.Power != infra.PowerStopped || got.AttachedISO != "" || got.Offering != "small" || got.ClusterID != c.id {
 		t.Fatalf("machine after refused calls: %+v; want it as attempt 2 left it", got)
 	}
 	if st := e.state(t, m.ID); st != golibvirt.DomainShutoff {
@@ -81,7 +81,7 @@ func TestAJobThatLostItsClusterChangesNothing(t *testing.T) {
 	if err := e.d.DestroyMachine(ctx, c.call(m.ID)); !errors.Is(err, infra.ErrFenced) {
 		t.Fatalf("destroy_machine by a failed job: %v; want ErrFenced", err)
 	}
-	if _, err := e.d.ProvisionMachine(ctx, c.call(""), uuid.NewString(), infra.RoleWorker, "tiny", "1.30.2"); !errors.Is(err, infra.ErrFenced) {
+	if _, err := e.d.ProvisionMachine(ctx, c.call(""), uuid.NewString(), infra.RoleWorker, "small", "1.30.2"); !errors.Is(err, infra.ErrFenced) {
 		t.Fatalf("provision_machine by a failed job: %v; want ErrFenced", err)
 	}
 	if err := e.d.ConfigureNetwork(ctx, c.call(""), []infra.Rule{{MachineID: m.ID, Kind: "ssh", Port: 22}}); !errors.Is(err, infra.ErrFenced) {

@@ -63,6 +63,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -87,14 +88,36 @@ type Offering struct {
 	MemoryMiB uint
 }
 
-// DefaultOfferings is used when Config.Offerings is nil: every size fits a
-// test machine (1 vCPU, at most 256 MiB).
+// DefaultOfferings is used when Config.Offerings is nil: the service
+// catalog's offerings, each scaled down to fit this project's test
+// machines (1 vCPU, at most 256 MiB: a node image's busybox agent needs no
+// more); an operator with real capacity configures real sizes
+// (--libvirt-offerings).
 func DefaultOfferings() map[string]Offering {
 	return map[string]Offering{
-		"tiny":   {CPUs: 1, MemoryMiB: 128},
-		"small":  {CPUs: 1, MemoryMiB: 192},
-		"medium": {CPUs: 1, MemoryMiB: 256},
+		"small":  {CPUs: 1, MemoryMiB: 128},
+		"medium": {CPUs: 1, MemoryMiB: 192},
+		"large":  {CPUs: 1, MemoryMiB: 256},
+		"xlarge": {CPUs: 1, MemoryMiB: 256},
 	}
+}
+
+// ParseOfferings reads "name:cpus:memoryMiB,..." (--libvirt-offerings).
+func ParseOfferings(s string) (map[string]Offering, error) {
+	out := map[string]Offering{}
+	for _, part := range strings.Split(s, ",") {
+		f := strings.Split(strings.TrimSpace(part), ":")
+		if len(f) != 3 || f[0] == "" {
+			return nil, fmt.Errorf("libvirt offering %q is not name:cpus:memoryMiB", part)
+		}
+		cpus, err1 := strconv.ParseUint(f[1], 10, 16)
+		mem, err2 := strconv.ParseUint(f[2], 10, 32)
+		if err1 != nil || err2 != nil || cpus == 0 || mem < 64 {
+			return nil, fmt.Errorf("libvirt offering %q: cpus must be at least 1 and memory at least 64 MiB", part)
+		}
+		out[f[0]] = Offering{CPUs: uint(cpus), MemoryMiB: uint(mem)}
+	}
+	return out, nil
 }
 
 // Config configures a Driver.

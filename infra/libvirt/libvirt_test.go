@@ -154,7 +154,7 @@ func (e *env) newCluster(t *testing.T) cluster {
 	t.Helper()
 	id := uuid.NewString()
 	_, j, err := e.store.CreateCluster(ctxT(t),
-		repository.NewCluster{ID: id, Account: "acme", DisplayName: "c-" + id[:8], Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "tiny"}},
+		repository.NewCluster{ID: id, Account: "acme", DisplayName: "c-" + id[:8], Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "small"}},
 		repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
 	if err != nil {
 		t.Fatalf("cluster %s held by a job: %v", id, err)
@@ -171,7 +171,7 @@ func (e *env) provision(t *testing.T, c cluster, role infra.Role) infra.Machine 
 func (e *env) provisionID(t *testing.T, c cluster, role infra.Role, id string) infra.Machine {
 	t.Helper()
 	e.track(id, "")
-	m, err := e.d.ProvisionMachine(ctxT(t), c.call(""), id, role, "tiny", "1.30.2")
+	m, err := e.d.ProvisionMachine(ctxT(t), c.call(""), id, role, "small", "1.30.2")
 	if err != nil {
 		t.Fatalf("provision %s: %v", role, err)
 	}
@@ -226,7 +226,7 @@ func TestStepsConverge(t *testing.T) {
 	t.Logf("provision_machine  run 1: %v", time.Since(start).Round(time.Microsecond))
 	wrk := e.provision(t, c, infra.RoleWorker)
 	twice(t, "provision_machine", func() error {
-		m, err := e.d.ProvisionMachine(ctx, c.call(""), wrk.ID, infra.RoleWorker, "tiny", "1.30.2")
+		m, err := e.d.ProvisionMachine(ctx, c.call(""), wrk.ID, infra.RoleWorker, "small", "1.30.2")
 		if err == nil && (m.ID != wrk.ID || !m.CreateTime.Equal(wrk.CreateTime)) {
 			err = fmt.Errorf("provisioned again: %+v, first %+v", m, wrk)
 		}
@@ -241,7 +241,7 @@ func TestStepsConverge(t *testing.T) {
 	}
 	got := e.machine(t, wrk.ID)
 	want := infra.Machine{ID: wrk.ID, ClusterID: c.id, Role: infra.RoleWorker, Power: infra.PowerRunning,
-		KubernetesVersion: "1.30.2", Offering: "tiny", CreateTime: got.CreateTime}
+		KubernetesVersion: "1.30.2", Offering: "small", CreateTime: got.CreateTime}
 	if got != want || got.CreateTime.IsZero() {
 		t.Fatalf("Machine = %+v; want %+v", got, want)
 	}
@@ -298,12 +298,12 @@ func TestStepsConverge(t *testing.T) {
 		t.Fatalf("uncordoned machine cordoned: %+v", m)
 	}
 
-	twice(t, "resize_machine", func() error { return e.d.ResizeMachine(ctx, c.call(wrk.ID), "medium") })
-	if m := e.machine(t, wrk.ID); m.Offering != "medium" {
+	twice(t, "resize_machine", func() error { return e.d.ResizeMachine(ctx, c.call(wrk.ID), "large") })
+	if m := e.machine(t, wrk.ID); m.Offering != "large" {
 		t.Fatalf("resized machine's offering %q", m.Offering)
 	}
 	if x := e.xml(t, wrk.ID); !strings.Contains(x, "<memory unit='KiB'>262144</memory>") {
-		t.Fatalf("the domain's memory is not medium's 256 MiB:\n%s", x)
+		t.Fatalf("the domain's memory is not large's 256 MiB:\n%s", x)
 	}
 
 	twice(t, "power_off", func() error { return e.d.PowerOff(ctx, c.call(wrk.ID)) })
