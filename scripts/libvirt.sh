@@ -25,14 +25,13 @@ install() {
 	echo "libvirt: apt-get install ${missing[*]}" >&2
 	# Other engineers may run apt at the same time: wait for the lock.
 	"${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 update -qq
-	# policy-rc.d keeps the packages' post-install scripts from starting
-	# services (there is no systemd here; start does it).
+	# Without systemd the packages' services are not started; start does it.
 	DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
 		--no-install-recommends "${missing[@]}" >/dev/null
 }
 
 answers() {
-	"${sudo[@]}" virsh -c qemu:///system version >/dev/null 2>&1
+	"${sudo[@]}" virsh -c qemu:///system uri >/dev/null 2>&1
 }
 
 start() {
@@ -61,7 +60,7 @@ check() {
 		echo "libvirt: the default network is active" >&2
 		return 1
 	fi
-	echo "libvirt: $("${sudo[@]}" virsh -c qemu:///system version --daemon | grep -i 'running hypervisor\|daemon' | paste -sd' ')"
+	echo "libvirt: libvirtd $("${sudo[@]}" libvirtd --version | awk '{print $NF}') answers on qemu:///system and test+unix:///default"
 }
 
 case "${1:-all}" in
