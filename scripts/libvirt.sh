@@ -38,6 +38,15 @@ start() {
 	# The default network would create virbr0 with a host address: never
 	# autostart it.
 	"${sudo[@]}" rm -f /etc/libvirt/qemu/networks/autostart/default.xml
+	# Without udev, /dev/kvm may be root's alone (0600). libvirt then finds
+	# its cached QEMU capabilities invalid at every look-up ("KVM was enabled
+	# when probing, but it is not available now": QEMU runs as
+	# libvirt-qemu) and probes QEMU again each time, so one domain
+	# definition took a minute here. Give it Debian's udev permissions
+	# (group kvm, 0660); clusterd's domains are type qemu (TCG) all the same.
+	if [ -c /dev/kvm ] && getent group kvm >/dev/null && [ "$(stat -c %G:%a /dev/kvm)" != kvm:660 ]; then
+		"${sudo[@]}" chgrp kvm /dev/kvm && "${sudo[@]}" chmod 0660 /dev/kvm
+	fi
 	if ! answers; then
 		pgrep -x virtlogd >/dev/null || "${sudo[@]}" virtlogd -d
 		pgrep -x libvirtd >/dev/null || "${sudo[@]}" libvirtd -d
