@@ -219,7 +219,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.infra = s.sim
 	if cfg.Infra == "libvirt" {
 		lc := cfg.Libvirt
-		lc.Guard, lc.Logger = holderGuard{s.store}, s.log
+		lc.Guard, lc.Logger = libvirtGuard(s.store), s.log
 		if s.libvirt, err = libvirt.New(ctx, lc); err != nil {
 			_ = s.grpcLis.Close()
 			_ = s.httpLis.Close()

@@ -36,12 +36,23 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-// storeGuard checks the holder with the repository's fenced transaction
-// (an empty one): what Store.CheckHolder does.
-type storeGuard struct{ s *repository.Store }
+// storeGuard is the store's holder check: Store.CheckHolder where the
+// store has it, else an empty fenced transaction (the same check).
+func storeGuard(s *repository.Store) libvirt.Guard {
+	if g, ok := any(s).(libvirt.Guard); ok {
+		return g
+	}
+	return fencedGuard{any(s).(fencer)}
+}
 
-func (g storeGuard) CheckHolder(ctx context.Context, f repository.Fence) error {
-	return g.s.Fenced(ctx, f, func(*repository.Store) error { return nil })
+type fencer interface {
+	Fenced(ctx context.Context, f repository.Fence, fn func(*repository.Store) error) error
+}
+
+type fencedGuard struct{ f fencer }
+
+func (g fencedGuard) CheckHolder(ctx context.Context, f repository.Fence) error {
+	return g.f.Fenced(ctx, f, func(*repository.Store) error { return nil })
 }
 
 // openGuard lets every call through: the window between a guard's check
@@ -85,7 +96,7 @@ func newEnv(t *testing.T, guard libvirt.Guard) *env {
 	filters := dial(t, "qemu:///system")
 	e.store = repotest.Open(t, repotest.Backends(t)[0])
 	if guard == nil {
-		guard = storeGuard{e.store}
+		guard = storeGuard(e.store)
 	}
 	d, err := libvirt.New(ctxT(t), libvirt.Config{URI: testURI(), PoolDir: t.TempDir(), Pool: e.pool, Guard: guard, ShutdownTimeout: time.Minute})
 	if err != nil {
