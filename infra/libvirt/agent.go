@@ -131,8 +131,11 @@ func answer(machineID string, req AgentRequest, resp AgentResponse) (AgentRespon
 }
 
 // MemoryAgents plays the node agents in process, one per machine, with the
-// real agent's rules: for libvirt's test driver, whose domains run no
-// guest. isoVersion says which version the machine's attached ISO holds
+// real agent's rules (a version is installed from the attached ISO unless
+// it is installed already; only a joined node is upgraded, drained,
+// uncordoned, asked for a kubeconfig or deployed to; a node joined
+// elsewhere refuses to join): for libvirt's test driver, whose domains run
+// no guest. isoVersion says which version the machine's attached ISO holds
 // ("" with none attached), as the real agent finds by mounting it.
 type MemoryAgents struct {
 	isoVersion func(ctx context.Context, machineID string) (string, error)
@@ -167,54 +170,70 @@ func (a *MemoryAgents) Do(ctx context.Context, machineID string, req AgentReques
 	st := a.nodes[machineID]
 	st.Machine, st.ISOVersion = machineID, iso
 	resp := AgentResponse{ID: req.ID, OK: true}
+	// install makes version the installed one: nothing to do when it is
+	// already, otherwise the attached ISO must hold it.
 	install := func() bool {
 		switch {
 		case req.Version == "":
-			resp.Error = "no version asked"
+			resp.Error = req.Op + " needs a version"
+		case st.Version == req.Version:
+			return true
 		case iso == "":
-			resp.Error = "no ISO attached"
+			resp.Error = fmt.Sprintf("install %s: no ISO attached", req.Version)
 		case iso != req.Version:
-			resp.Error = fmt.Sprintf("the attached ISO holds %s, not %s", iso, req.Version)
+			resp.Error = fmt.Sprintf("install %s: the attached ISO holds %s, not %s", req.Version, iso, req.Version)
 		default:
 			st.Version = req.Version
 			return true
 		}
 		return false
 	}
+	joined := func() bool {
+		if !st.Joined {
+			resp.Error = "not joined to a cluster"
+		}
+		return st.Joined
+	}
 	switch req.Op {
 	case OpStatus:
 	case OpJoin:
-		if st.Joined && st.Cluster == req.Cluster && st.Version == req.Version {
-			break // joined already
-		}
-		if install() {
+		switch {
+		case req.Cluster == "":
+			resp.Error = "join needs a cluster"
+		case st.Joined && st.Cluster != req.Cluster:
+			resp.Error = fmt.Sprintf("joined to cluster %s: leave it first", st.Cluster)
+		case st.Joined && st.Version != req.Version:
+			resp.Error = fmt.Sprintf("joined at version %s: upgrade instead", st.Version)
+		case install():
 			st.Cluster, st.Joined = req.Cluster, true
 		}
 	case OpUpgrade:
-		if install() {
+		if joined() && install() {
 			st.Cordoned = false
 		}
-	case OpDrain:
-		st.Cordoned = true
-	case OpUncordon:
-		st.Cordoned = false
+	case OpDrain, OpUncordon:
+		if joined() {
+			st.Cordoned = req.Op == OpDrain
+		}
 	case OpLeave:
 		st.Cluster, st.Joined, st.Cordoned = "", false, false
 	case OpKubeconfig:
-		if !st.Joined {
-			resp.Error = "the node has not joined a cluster"
-			break
+		if joined() {
+			resp.Kubeconfig = fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: %s\n  cluster:\n    server: https://%s:6443\n", st.Cluster, machineID)
 		}
-		resp.Kubeconfig = fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: %s\n  cluster:\n    server: https://%s:6443\n", st.Cluster, machineID)
 	case OpDeploy:
 		if req.Name != "provider" && req.Name != "autoscaler" {
-			resp.Error = fmt.Sprintf("nothing named %q to deploy", req.Name)
+			resp.Error = fmt.Sprintf("unknown add-on %q", req.Name)
+		} else {
+			joined()
 		}
 	default:
 		resp.Error = fmt.Sprintf("unknown operation %q", req.Op)
 	}
 	if resp.Error != "" {
 		resp.OK = false
+		st = a.nodes[machineID] // a refused request changes nothing
+		st.Machine, st.ISOVersion = machineID, iso
 	} else {
 		a.nodes[machineID] = st
 	}

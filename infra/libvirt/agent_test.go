@@ -75,3 +75,46 @@ func TestSocketAgentsSpeakTheProtocol(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestMemoryAgentsKeepTheAgentsRules: the in-process agents refuse what the
+// real agent refuses, and a refused request changes nothing.
+func TestMemoryAgentsKeepTheAgentsRules(t *testing.T) {
+	iso := ""
+	a := libvirt.NewMemoryAgents(func(context.Context, string) (string, error) { return iso, nil })
+	ctx := context.Background()
+	do := func(req libvirt.AgentRequest) (libvirt.AgentStatus, error) {
+		resp, err := a.Do(ctx, "m1", req)
+		return resp.Status, err
+	}
+	steps := []struct {
+		name    string
+		iso     string
+		req     libvirt.AgentRequest
+		refused string // "" when the request must succeed
+		want    libvirt.AgentStatus
+	}{
+		{"drain before joining", "", libvirt.AgentRequest{Op: libvirt.OpDrain}, "not joined", libvirt.AgentStatus{}},
+		{"join without an ISO", "", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "a", Version: "1.30.2"}, "no ISO attached", libvirt.AgentStatus{}},
+		{"join", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "a", Version: "1.30.2"}, "", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true}},
+		{"join another cluster", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "b", Version: "1.30.2"}, "leave it first", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true}},
+		{"drain", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpDrain}, "", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true, Cordoned: true}},
+		{"upgrade with the old ISO", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpUpgrade, Version: "1.31.1"}, "holds 1.30.2", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true, Cordoned: true}},
+		{"upgrade", "1.31.1", libvirt.AgentRequest{Op: libvirt.OpUpgrade, Version: "1.31.1"}, "", libvirt.AgentStatus{Cluster: "a", Version: "1.31.1", Joined: true}},
+		{"leave", "", libvirt.AgentRequest{Op: libvirt.OpLeave}, "", libvirt.AgentStatus{Version: "1.31.1"}},
+		{"join at the installed version, no ISO", "", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "b", Version: "1.31.1"}, "", libvirt.AgentStatus{Cluster: "b", Version: "1.31.1", Joined: true}},
+	}
+	for _, s := range steps {
+		iso = s.iso
+		got, err := do(s.req)
+		switch {
+		case s.refused == "" && err != nil:
+			t.Fatalf("%s: %v", s.name, err)
+		case s.refused != "" && (!errors.Is(err, libvirt.ErrAgent) || !strings.Contains(err.Error(), s.refused)):
+			t.Fatalf("%s: %v; want refused with %q", s.name, err, s.refused)
+		}
+		s.want.Machine, s.want.ISOVersion = "m1", s.iso
+		if got != s.want {
+			t.Fatalf("%s: status %+v; want %+v", s.name, got, s.want)
+		}
+	}
+}
