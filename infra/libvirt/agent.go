@@ -231,9 +231,7 @@ func (a *MemoryAgents) Do(ctx context.Context, machineID string, req AgentReques
 		resp.Error = fmt.Sprintf("unknown operation %q", req.Op)
 	}
 	if resp.Error != "" {
-		resp.OK = false
-		st = a.nodes[machineID] // a refused request changes nothing
-		st.Machine, st.ISOVersion = machineID, iso
+		resp.OK = false // and, refused, the request changed nothing
 	} else {
 		a.nodes[machineID] = st
 	}
