@@ -35,9 +35,14 @@ func TestLibvirtClusterLifecycle(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = raw.Disconnect() })
 	pool := "clusterd-test-" + uuid.NewString()[:8]
+	dir, err := os.MkdirTemp("", "lv-") // short: agent sockets live in it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	h := start(t, repotest.Backends(t)[0], func(c *Config) {
 		c.Infra = "libvirt"
-		c.Libvirt = libvirt.Config{URI: uri, PoolDir: t.TempDir(), Pool: pool}
+		c.Libvirt = libvirt.Config{URI: uri, PoolDir: dir, Pool: pool}
 	})
 	var made []string
 	t.Cleanup(func() {

@@ -213,6 +213,10 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
+	// A unix socket's path holds at most 107 bytes (sun_path).
+	if n := len(AgentSocket(d.poolDir, "00000000-0000-0000-0000-000000000000")); n > 107 {
+		return nil, fmt.Errorf("libvirt driver: pool folder %q is too long: its agent sockets' paths would have %d bytes, more than a unix socket's 107", d.poolDir, n)
+	}
 	if err := os.MkdirAll(filepath.Join(d.poolDir, "iso"), 0o755); err != nil {
 		return nil, fmt.Errorf("libvirt driver: pool folder: %w", err)
 	}

@@ -98,7 +98,7 @@ func newEnv(t *testing.T, guard libvirt.Guard) *env {
 	if guard == nil {
 		guard = storeGuard(e.store)
 	}
-	d, err := libvirt.New(ctxT(t), libvirt.Config{URI: testURI(), PoolDir: t.TempDir(), Pool: e.pool, Guard: guard, ShutdownTimeout: time.Minute})
+	d, err := libvirt.New(ctxT(t), libvirt.Config{URI: testURI(), PoolDir: shortDir(t), Pool: e.pool, Guard: guard, ShutdownTimeout: time.Minute})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -391,4 +391,30 @@ func sameRules(a, b []infra.Rule) bool {
 		}
 	}
 	return true
+}
+
+// TestNewRefusesAPoolFolderTooLongForSockets: the agents' sockets live in
+// the pool folder, and a unix socket's path is at most 107 bytes.
+func TestNewRefusesAPoolFolderTooLongForSockets(t *testing.T) {
+	dir := "/var/lib/" + strings.Repeat("x", 60)
+	_, err := libvirt.New(ctxT(t), libvirt.Config{URI: testURI(), PoolDir: dir, Guard: openGuard{}})
+	if err == nil || !strings.Contains(err.Error(), "too long") {
+		t.Fatalf("New with a %d-byte pool folder: %v; want it refused", len(dir), err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused pool folder was made: %v", err)
+	}
+}
+
+// shortDir is a temporary folder with a short path: the agents' sockets
+// in it must fit a unix socket's 107 bytes, which t.TempDir's long names
+// may not leave room for.
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "lv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
