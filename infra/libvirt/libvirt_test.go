@@ -418,3 +418,49 @@ func shortDir(t *testing.T) string {
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
 }
+
+// TestWatchSeesOutOfBandPowerChanges: a domain destroyed behind clusterd's
+// back (virsh destroy), and started again, is reported with its cluster.
+func TestWatchSeesOutOfBandPowerChanges(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxT(t)
+	c := e.newCluster(t)
+	m := e.provision(t, c, infra.RoleWorker)
+	observed := make(chan string, 64)
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- e.d.Watch(wctx, func(ids ...string) {
+			for _, id := range ids {
+				observed <- id
+			}
+		})
+	}()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Watch ended with %v; want context.Canceled", err)
+		}
+	})
+	dom, err := e.raw.DomainLookupByName(libvirt.DomainName(m.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The subscription is in place once an event arrives: destroy and
+	// start the domain until one does.
+	deadline := time.After(2 * time.Minute)
+	for seen := false; !seen; {
+		_ = e.raw.DomainDestroy(dom)
+		_ = e.raw.DomainCreate(dom)
+		select {
+		case id := <-observed:
+			if id != c.id {
+				t.Fatalf("observed cluster %s; want %s", id, c.id)
+			}
+			seen = true
+		case <-time.After(200 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("no event for a domain destroyed and started out of band")
+		}
+	}
+}
