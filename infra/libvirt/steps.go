@@ -189,7 +189,9 @@ func (d *Driver) stop(ctx context.Context, dom golibvirt.Domain) error {
 	if err != nil || !running {
 		return err
 	}
-	if err := d.lv.DomainShutdown(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
+	// A guest that cannot be asked (paused, or stopped meanwhile) is
+	// destroyed at once; destroying a stopped one is a no-op.
+	if err := d.lv.DomainShutdown(dom); err != nil {
 		d.log.Info("graceful shutdown refused; destroying", "domain", dom.Name, "error", err)
 	} else {
 		deadline := time.NewTimer(d.shutdown)
