@@ -28,7 +28,7 @@ func TestLibvirtClusterLifecycle(t *testing.T) {
 	u, _ := url.Parse(uri)
 	raw, err := golibvirt.ConnectToURI(u)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
+		if os.Getenv("CI") != "" {
 			t.Fatalf("libvirtd does not answer on %s (make libvirt starts it): %v", uri, err)
 		}
 		t.Skipf("libvirtd does not answer on %s (make libvirt starts it): %v", uri, err)

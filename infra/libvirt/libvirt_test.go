@@ -72,7 +72,7 @@ type env struct {
 }
 
 // dial connects to uri, skipping the test when libvirtd does not answer
-// (failing it under CI=true).
+// (failing it under CI).
 func dial(t *testing.T, uri string) *golibvirt.Libvirt {
 	t.Helper()
 	u, err := url.Parse(uri)
@@ -81,7 +81,7 @@ func dial(t *testing.T, uri string) *golibvirt.Libvirt {
 	}
 	l, err := golibvirt.ConnectToURI(u)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
+		if os.Getenv("CI") != "" {
 			t.Fatalf("libvirtd does not answer on %s (make libvirt starts it): %v", uri, err)
 		}
 		t.Skipf("libvirtd does not answer on %s (make libvirt starts it): %v", uri, err)
