@@ -264,6 +264,9 @@ func (d *Driver) domainXML(m meta, off Offering, volume string) (string, error) 
 				},
 				cdrom(""),
 			},
+			// The cdrom sits on virtio-scsi: the node image's kernel
+			// (Debian's cloud kernel) has no AHCI driver for SATA.
+			Controllers: []libvirtxml.DomainController{{Type: "scsi", Index: new(uint), Model: "virtio-scsi"}},
 			Channels: []libvirtxml.DomainChannel{{
 				Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: AgentSocket(d.poolDir, m.ID)}},
 				Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: "org.clusterd.agent.0"}},
@@ -284,7 +287,7 @@ func cdrom(path string) libvirtxml.DomainDisk {
 	disk := libvirtxml.DomainDisk{
 		Device:   "cdrom",
 		Driver:   &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "raw"},
-		Target:   &libvirtxml.DomainDiskTarget{Dev: "sda", Bus: "sata"},
+		Target:   &libvirtxml.DomainDiskTarget{Dev: "sda", Bus: "scsi"},
 		ReadOnly: &libvirtxml.DomainDiskReadOnly{},
 	}
 	if path != "" {
