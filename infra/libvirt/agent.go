@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Agent operations (AgentRequest.Op).
@@ -66,60 +69,152 @@ type Agents interface {
 // ErrAgent: the node agent answered and refused the request.
 var ErrAgent = errors.New("node agent refused")
 
-// SocketAgents dials the host end of a machine's agent channel,
-// <Dir>/clusterd-<machine>.agent, for each request.
+// SocketAgents talks to each machine's agent over the host end of its
+// channel, <dir>/clusterd-<machine>.agent, keeping one connection per
+// machine: the guest's end is a single port, which drops what it has not
+// read when a host connection ends, so a connection per request could lose
+// the next request in that moment. A request unanswered for Retry is sent
+// again, on a new connection when its connection broke, until ctx ends:
+// every agent request is idempotent, and an answer to an earlier sending
+// is told apart by its id. Close closes the connections.
 type SocketAgents struct {
-	Dir string
+	dir string
+	// Retry is how long a sending waits for its answer before the request
+	// is sent again (default 10s); a guest still booting answers the
+	// sending it reads first.
+	Retry time.Duration
+	ids   atomic.Int64
+	mu    sync.Mutex
+	conns map[string]*agentConn
 }
 
-var socketIDs atomic.Int64
+// agentConn is one machine's connection; its lock orders the machine's
+// requests (the protocol answers in order).
+type agentConn struct {
+	mu   sync.Mutex
+	conn net.Conn
+	r    *bufio.Reader
+}
 
-// Do sends req and reads its response; ctx bounds both.
-func (a SocketAgents) Do(ctx context.Context, machineID string, req AgentRequest) (AgentResponse, error) {
-	path := AgentSocket(a.Dir, machineID)
-	var dialer net.Dialer
-	conn, err := dialer.DialContext(ctx, "unix", path)
-	if err != nil {
-		return AgentResponse{}, fmt.Errorf("agent of machine %s: dial %s: %w", machineID, path, err)
+// NewSocketAgents returns agents reached through the sockets in dir.
+func NewSocketAgents(dir string) *SocketAgents {
+	return &SocketAgents{dir: dir, Retry: 10 * time.Second, conns: map[string]*agentConn{}}
+}
+
+func (a *SocketAgents) machine(id string) *agentConn {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c, ok := a.conns[id]
+	if !ok {
+		c = &agentConn{}
+		a.conns[id] = c
 	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
+	return c
+}
+
+// Forget closes a machine's connection (its domain is gone).
+func (a *SocketAgents) Forget(machineID string) {
+	a.mu.Lock()
+	c, ok := a.conns[machineID]
+	delete(a.conns, machineID)
+	a.mu.Unlock()
+	if ok {
+		c.mu.Lock()
+		c.close()
+		c.mu.Unlock()
 	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-	defer stop()
-	req.ID = socketIDs.Add(1)
-	b, err := json.Marshal(req)
+}
+
+// Close closes every connection.
+func (a *SocketAgents) Close() error {
+	a.mu.Lock()
+	conns := a.conns
+	a.conns = map[string]*agentConn{}
+	a.mu.Unlock()
+	for _, c := range conns {
+		c.mu.Lock()
+		c.close()
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+func (c *agentConn) close() {
+	if c.conn != nil {
+		_ = c.conn.Close()
+		c.conn, c.r = nil, nil
+	}
+}
+
+// Do sends req to machineID's agent and returns its answer; ctx bounds it.
+func (a *SocketAgents) Do(ctx context.Context, machineID string, req AgentRequest) (AgentResponse, error) {
+	req.ID = a.ids.Add(1)
+	line, err := json.Marshal(req)
 	if err != nil {
 		return AgentResponse{}, fmt.Errorf("agent of machine %s: encode %s: %w", machineID, req.Op, err)
 	}
-	if _, err := conn.Write(append(b, '\n')); err != nil {
-		return AgentResponse{}, fmt.Errorf("agent of machine %s: send %s: %w", machineID, req.Op, ctxOr(ctx, err))
-	}
-	sc := bufio.NewScanner(conn)
-	sc.Buffer(make([]byte, 64*1024), 4<<20)
-	for sc.Scan() {
-		var resp AgentResponse
-		if err := json.Unmarshal(sc.Bytes(), &resp); err != nil {
-			return AgentResponse{}, fmt.Errorf("agent of machine %s: decode answer to %s: %w", machineID, req.Op, err)
+	line = append(line, '\n')
+	c := a.machine(machineID)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		resp, err := c.send(ctx, filepath.Join(a.dir, DomainName(machineID)+".agent"), line, req.ID, a.Retry)
+		if err == nil {
+			return answer(machineID, req, resp)
 		}
-		if resp.ID != req.ID {
-			continue // an answer to an earlier, abandoned request
+		if ctx.Err() != nil {
+			c.close() // an answer may still come: not on this connection
+			return AgentResponse{}, fmt.Errorf("agent of machine %s: %s: %w (last: %v)", machineID, req.Op, ctx.Err(), err)
 		}
-		return answer(machineID, req, resp)
+		if !errors.Is(err, errNoAnswer) {
+			// Broken or refused connection: a new one, a little later.
+			c.close()
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
 	}
-	err = sc.Err()
-	if err == nil {
-		err = errors.New("connection closed")
-	}
-	return AgentResponse{}, fmt.Errorf("agent of machine %s: read answer to %s: %w", machineID, req.Op, ctxOr(ctx, err))
 }
 
-func ctxOr(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
+// errNoAnswer: a sending got no answer within its wait.
+var errNoAnswer = errors.New("no answer")
+
+// send writes line on the machine's connection (dialled when missing) and
+// reads until the answer with id, for at most wait.
+func (c *agentConn) send(ctx context.Context, path string, line []byte, id int64, wait time.Duration) (AgentResponse, error) {
+	if c.conn == nil {
+		var dialer net.Dialer
+		conn, err := dialer.DialContext(ctx, "unix", path)
+		if err != nil {
+			return AgentResponse{}, fmt.Errorf("dial %s: %w", path, err)
+		}
+		c.conn, c.r = conn, bufio.NewReaderSize(conn, 64*1024)
 	}
-	return err
+	deadline := time.Now().Add(wait)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	_ = c.conn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := c.conn.Write(line); err != nil {
+		return AgentResponse{}, fmt.Errorf("send: %w", err)
+	}
+	for {
+		b, err := c.r.ReadBytes('\n')
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return AgentResponse{}, errNoAnswer
+		}
+		if err != nil {
+			return AgentResponse{}, fmt.Errorf("read answer: %w", err)
+		}
+		var resp AgentResponse
+		if err := json.Unmarshal(b, &resp); err != nil || resp.ID != id {
+			continue // an answer to an earlier sending, or a line that is not one
+		}
+		return resp, nil
+	}
 }
 
 // answer turns a refusal into an error.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/clusterd/clusterd/infra/libvirt"
 )
@@ -55,7 +56,8 @@ func TestSocketAgentsSpeakTheProtocol(t *testing.T) {
 			conn.Close()
 		}
 	}()
-	a := libvirt.SocketAgents{Dir: dir}
+	a := libvirt.NewSocketAgents(dir)
+	t.Cleanup(func() { _ = a.Close() })
 	resp, err := a.Do(context.Background(), machine, libvirt.AgentRequest{Op: libvirt.OpStatus, Cluster: "c1"})
 	if err != nil || resp.Status.Version != "1.30.2" || !resp.Status.Joined || resp.Status.Machine != machine {
 		t.Fatalf("status: %+v, %v", resp, err)
@@ -69,8 +71,10 @@ func TestSocketAgentsSpeakTheProtocol(t *testing.T) {
 	if len(seen) != 2 || seen[0].Op != "status" || seen[0].Cluster != "c1" || seen[1].Version != "1.30.2" {
 		t.Fatalf("the agent got %+v", seen)
 	}
-	if _, err := a.Do(context.Background(), "nobody", libvirt.AgentRequest{Op: libvirt.OpStatus}); err == nil {
-		t.Fatalf("a machine without a socket answered (%s)", filepath.Join(dir, "clusterd-nobody.agent"))
+	short, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := a.Do(short, "nobody", libvirt.AgentRequest{Op: libvirt.OpStatus}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a machine without a socket (%s): %v; want the context's end", filepath.Join(dir, "clusterd-nobody.agent"), err)
 	}
 }
 
@@ -116,5 +120,45 @@ func TestMemoryAgentsKeepTheAgentsRules(t *testing.T) {
 		if got != s.want {
 			t.Fatalf("%s: status %+v; want %+v", s.name, got, s.want)
 		}
+	}
+}
+
+// TestSocketAgentsSendAgainWhatGotNoAnswer: a request the guest lost (read
+// and dropped, as a port closing under it does) is sent again after Retry,
+// on the same connection, and its answer is returned.
+func TestSocketAgentsSendAgainWhatGotNoAnswer(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, "m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		sc := bufio.NewScanner(conn)
+		for n := 0; sc.Scan(); n++ {
+			if n == 0 {
+				continue // lost
+			}
+			var req libvirt.AgentRequest
+			_ = json.Unmarshal(sc.Bytes(), &req)
+			_ = json.NewEncoder(conn).Encode(libvirt.AgentResponse{ID: req.ID, OK: true, Status: libvirt.AgentStatus{Machine: "m1"}})
+		}
+	}()
+	a := libvirt.NewSocketAgents(dir)
+	a.Retry = 50 * time.Millisecond
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := a.Do(ctx, "m1", libvirt.AgentRequest{Op: libvirt.OpStatus})
+	if err != nil || resp.Status.Machine != "m1" {
+		t.Fatalf("status after a lost sending: %+v, %v", resp, err)
 	}
 }

@@ -167,6 +167,8 @@ type Driver struct {
 	guard    Guard
 	agents   Agents
 	shutdown time.Duration
+	// ownAgents: the driver made agents (Config.Agents was nil), and closes them.
+	ownAgents bool
 	now      func() time.Time
 	log      *slog.Logger
 
@@ -245,18 +247,22 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		}
 	}
 	if d.agents == nil {
+		d.ownAgents = true
 		if test {
 			d.agents = NewMemoryAgents(d.ISOVersion)
 		} else {
-			d.agents = SocketAgents{Dir: d.poolDir}
+			d.agents = NewSocketAgents(d.poolDir)
 		}
 	}
 	return d, nil
 }
 
-// Close disconnects from libvirt.
+// Close disconnects from libvirt (and from the agents).
 func (d *Driver) Close() error {
 	err := d.lv.Disconnect()
+	if c, ok := d.agents.(*SocketAgents); ok && d.ownAgents {
+		err = errors.Join(err, c.Close())
+	}
 	if d.filters != d.lv {
 		err = errors.Join(err, d.filters.Disconnect())
 	}

@@ -3,6 +3,7 @@ package libvirt_test
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,16 +16,24 @@ import (
 )
 
 // TestQEMUMachine boots one real VM (QEMU, TCG) on qemu:///system from the
-// kernel and initramfs named by CLUSTERD_TEST_NODE_KERNEL and
-// CLUSTERD_TEST_NODE_INITRD (skipped without them; the e2e tests run the
-// node image), and drives the machine-level steps on it: provision, the
-// ISO changed in the running guest's cdrom, resize, power off (a guest
-// that ignores the shutdown request is destroyed after the bound), power
-// on, destroy.
+// node image (make node-image's build/node-image, or the kernel and
+// initramfs named by CLUSTERD_TEST_NODE_KERNEL and CLUSTERD_TEST_NODE_INITRD;
+// skipped without one) and drives every step of one machine through it:
+// its node agent answers over the virtio-serial channel once it has
+// booted, installs each version from the ISO swapped into the running
+// guest's cdrom, and finds its state on its disk after a reboot; a guest
+// that ignores the shutdown request is destroyed after the bound.
 func TestQEMUMachine(t *testing.T) {
 	kernel, initrd := os.Getenv("CLUSTERD_TEST_NODE_KERNEL"), os.Getenv("CLUSTERD_TEST_NODE_INITRD")
-	if kernel == "" || initrd == "" {
-		t.Skip("CLUSTERD_TEST_NODE_KERNEL and CLUSTERD_TEST_NODE_INITRD name no node image")
+	if kernel == "" && initrd == "" {
+		kernel, initrd = "../../build/node-image/vmlinuz", "../../build/node-image/initrd.img"
+	}
+	for _, f := range []*string{&kernel, &initrd} {
+		abs, err := filepath.Abs(*f)
+		if _, serr := os.Stat(abs); err != nil || serr != nil {
+			t.Skipf("no node image at %s (make node-image, or CLUSTERD_TEST_NODE_KERNEL and CLUSTERD_TEST_NODE_INITRD)", *f)
+		}
+		*f = abs
 	}
 	const uri = "qemu:///system"
 	raw := dial(t, uri)
@@ -40,7 +49,7 @@ func TestQEMUMachine(t *testing.T) {
 	pool := "clusterd-test-" + uuid.NewString()[:8]
 	ctx := ctxT(t)
 	d, err := libvirt.New(ctx, libvirt.Config{URI: uri, PoolDir: dir, Pool: pool, Kernel: kernel, Initrd: initrd,
-		Guard: openGuard{}, ShutdownTimeout: 3 * time.Second})
+		Guard: openGuard{}, ShutdownTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,8 +89,19 @@ func TestQEMUMachine(t *testing.T) {
 		}
 		return x
 	}
+	// waitAgent waits for the guest's agent to answer (it boots in about
+	// 7 s here under TCG).
+	waitAgent := func() error {
+		var err error
+		for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+			if _, err = d.WaitAPI(ctx, c); err == nil {
+				return nil
+			}
+		}
+		return err
+	}
 	timed("provision", func() error {
-		_, err := d.ProvisionMachine(ctx, c, id, infra.RoleWorker, "small", "1.30.2")
+		_, err := d.ProvisionMachine(ctx, c, id, infra.RoleControl, "small", "1.30.2")
 		return err
 	})
 	if _, err := os.Stat(libvirt.AgentSocket(dir, id)); err != nil {
@@ -90,6 +110,16 @@ func TestQEMUMachine(t *testing.T) {
 	timed("attach_iso", func() error { return d.AttachISO(ctx, c, "kubernetes-1.30.2.iso") })
 	if x := live(); !strings.Contains(x, "kubernetes-1.30.2.iso") {
 		t.Errorf("the running guest's cdrom has no ISO:\n%s", x)
+	}
+	timed("wait_api (boot)", waitAgent)
+	timed("join_node", func() error { return d.JoinNode(ctx, c, "1.30.2") })
+	timed("fetch_kubeconfig", func() error { return d.FetchKubeconfig(ctx, c) })
+	timed("deploy_provider", func() error { return d.DeployProvider(ctx, c) })
+	timed("drain_node", func() error { return d.DrainNode(ctx, c) })
+	timed("attach_iso", func() error { return d.AttachISO(ctx, c, "kubernetes-1.31.1.iso") })
+	timed("upgrade_node", func() error { return d.UpgradeNode(ctx, c, "1.31.1") })
+	if m, err := d.Machine(ctx, id); err != nil || m.KubernetesVersion != "1.31.1" || !m.Joined || m.Cordoned {
+		t.Fatalf("after upgrade_node: %+v, %v; want joined at 1.31.1, uncordoned", m, err)
 	}
 	timed("detach_iso", func() error { return d.DetachISO(ctx, c) })
 	if x := live(); strings.Contains(x, ".iso") {
@@ -104,6 +134,11 @@ func TestQEMUMachine(t *testing.T) {
 	if x := live(); !strings.Contains(x, "<memory unit='KiB'>262144</memory>") {
 		t.Errorf("the resize was not applied at the boot after it")
 	}
+	timed("wait_api (reboot)", waitAgent)
+	// The agent kept its state on the machine's disk: joined at 1.31.1, so
+	// joining at it again needs no ISO.
+	timed("join_node (again)", func() error { return d.JoinNode(ctx, c, "1.31.1") })
+	timed("delete_node", func() error { return d.DeleteNode(ctx, c) })
 	timed("destroy_machine", func() error { return d.DestroyMachine(ctx, c) })
 	if _, err := raw.DomainLookupByName(libvirt.DomainName(id)); !golibvirt.IsNotFound(err) {
 		t.Errorf("domain after destroy: %v", err)
