@@ -169,8 +169,8 @@ type Driver struct {
 	shutdown time.Duration
 	// ownAgents: the driver made agents (Config.Agents was nil), and closes them.
 	ownAgents bool
-	now      func() time.Time
-	log      *slog.Logger
+	now       func() time.Time
+	log       *slog.Logger
 
 	poolMu    sync.Mutex
 	poolReady bool

@@ -98,6 +98,7 @@ func newEnv(t *testing.T, guard libvirt.Guard) *env {
 	if guard == nil {
 		guard = storeGuard(e.store)
 	}
+	guard = recordingGuard{guard, e}
 	d, err := libvirt.New(ctxT(t), libvirt.Config{URI: testURI(), PoolDir: shortDir(t), Pool: e.pool, Guard: guard, ShutdownTimeout: time.Minute})
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -109,7 +110,7 @@ func newEnv(t *testing.T, guard libvirt.Guard) *env {
 		// clusters' network filters.
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		for _, id := range e.machines {
+		for id := range e.machines {
 			if dom, err := e.raw.DomainLookupByName(libvirt.DomainName(id)); err == nil {
 				_ = e.raw.DomainDestroy(dom)
 				_ = e.raw.DomainUndefineFlags(dom, 0)
@@ -123,7 +124,7 @@ func newEnv(t *testing.T, guard libvirt.Guard) *env {
 			_ = e.raw.StoragePoolDestroy(p)
 			_ = e.raw.StoragePoolUndefine(p)
 		}
-		for _, c := range e.clusters {
+		for c := range e.clusters {
 			if f, err := filters.NwfilterLookupByName(libvirt.FilterName(c)); err == nil {
 				_ = filters.NwfilterUndefine(f)
 			}
@@ -133,21 +134,37 @@ func newEnv(t *testing.T, guard libvirt.Guard) *env {
 	return e
 }
 
+// recordingGuard records the cluster and machine of every change the
+// driver fences, so that the test's clean-up finds what calls made with ids
+// the test did not choose (a conformance suite's) left behind.
+type recordingGuard struct {
+	libvirt.Guard
+	e *env
+}
+
+func (g recordingGuard) CheckHolder(ctx context.Context, f repository.Fence) error {
+	g.e.track(f.MachineID, f.ClusterID)
+	return g.Guard.CheckHolder(ctx, f)
+}
+
 // env's record of what its test made, for clean-up.
 type record struct {
 	mu       sync.Mutex
-	machines []string
-	clusters []string
+	machines map[string]bool
+	clusters map[string]bool
 }
 
 func (e *env) track(machine, cluster string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.machines == nil {
+		e.machines, e.clusters = map[string]bool{}, map[string]bool{}
+	}
 	if machine != "" {
-		e.machines = append(e.machines, machine)
+		e.machines[machine] = true
 	}
 	if cluster != "" {
-		e.clusters = append(e.clusters, cluster)
+		e.clusters[cluster] = true
 	}
 }
 
