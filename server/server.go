@@ -28,6 +28,8 @@ import (
 
 	"github.com/clusterd/clusterd/auth"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/infra/libvirt"
 	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/lease"
 	"github.com/clusterd/clusterd/repository"
@@ -50,8 +52,12 @@ type Config struct {
 	// DatabaseWait is how long start-up waits for the database to answer
 	// (default 60s), logging each attempt.
 	DatabaseWait time.Duration
-	// Infra names the infrastructure driver; "sim" is the only one so far.
+	// Infra names the infrastructure driver: "sim" (the default) or
+	// "libvirt" (see Libvirt).
 	Infra string
+	// Libvirt configures the libvirt driver (Infra "libvirt"); its Guard
+	// is the server's store.
+	Libvirt libvirt.Config
 	// SimStepDelay is slept at every simulated step, so operations take
 	// visible time (the binary's default is 100ms).
 	SimStepDelay time.Duration
@@ -110,17 +116,21 @@ const (
 
 // Server is a running clusterd process; tests use it to learn bound addresses.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	auth     *auth.Authenticator
-	calls    *openCalls
-	certs    *certificates
-	codec    *requestCodec
-	store    *repository.Store
-	lease    *lease.Lease
-	self     repository.Server
-	runner   *runner.Runner
-	sim      *sim.Simulator
+	cfg    Config
+	log    *slog.Logger
+	auth   *auth.Authenticator
+	calls  *openCalls
+	certs  *certificates
+	codec  *requestCodec
+	store  *repository.Store
+	lease  *lease.Lease
+	self   repository.Server
+	runner *runner.Runner
+	sim    *sim.Simulator
+	// infra is what operations drive: the simulator, or the libvirt driver
+	// (libvirt, closed at shutdown).
+	infra    infra.Infrastructure
+	libvirt  *libvirt.Driver
 	clusters *service.Clusters
 	ops      *service.Operations
 	scanner  *scanner.Scanner
@@ -211,8 +221,23 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Lease: s.lease, HandOff: resume, Encode: service.EncodeJobError, WatchCancels: cfg.HeartbeatInterval})
 	s.ops = service.NewOperations(s.store, s.runner)
 	s.sim = sim.New(s.store, sim.Config{StepDelay: cfg.SimStepDelay, Logger: s.log})
+	s.infra = s.sim
+	if cfg.Infra == "libvirt" {
+		lc := cfg.Libvirt
+		lc.Guard, lc.Logger = libvirtGuard(s.store), s.log
+		if s.libvirt, err = libvirt.New(ctx, lc); err != nil {
+			_ = s.grpcLis.Close()
+			_ = s.httpLis.Close()
+			_ = s.lease.Release(ctx)
+			cleanup()
+			return nil, err
+		}
+		s.infra = s.libvirt
+		closeStore := cleanup
+		cleanup = func() { _ = s.libvirt.Close(); closeStore() }
+	}
 	s.clusters = service.NewClusters(service.ClustersConfig{
-		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.sim, Catalog: cfg.Catalog,
+		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.infra, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
 		Lease: s.lease, HandOff: resume,
 	})
@@ -221,7 +246,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		adopter = s.clusters
 	}
 	s.scanner = scanner.New(scanner.Config{
-		Store: s.store, Recoverer: s.metrics.recoverer(s.clusters), Infra: s.sim, Self: s.self, Lease: s.lease, Running: s.runner.Running,
+		Store: s.store, Recoverer: s.metrics.recoverer(s.clusters), Infra: s.infra, Self: s.self, Lease: s.lease, Running: s.runner.Running,
 		Encode: service.EncodeJobError, Adopter: adopter, MaxAttempts: int32(cfg.MaxOperationAttempts),
 		PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
@@ -233,7 +258,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		grpc.MaxRecvMsgSize(maxGRPCMessage))...)
 	clv1.RegisterClusterLifecycleServer(s.grpc, s.clusters)
 	longrunningpb.RegisterOperationsServer(s.grpc, s.ops)
-	clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))
+	if s.libvirt == nil {
+		clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))
+	}
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	s.setHealth(healthpb.HealthCheckResponse_SERVING) // the database answered and the lease is held
@@ -459,8 +486,8 @@ func (c *Config) defaults() error {
 	if c.Infra == "" {
 		c.Infra = "sim"
 	}
-	if c.Infra != "sim" {
-		return fmt.Errorf("config: unknown infrastructure %q (supported: sim)", c.Infra)
+	if c.Infra != "sim" && c.Infra != "libvirt" {
+		return fmt.Errorf("config: unknown infrastructure %q (supported: sim, libvirt)", c.Infra)
 	}
 	if c.ServerID == "" {
 		return errors.New("config: server id is required")

@@ -114,6 +114,11 @@ func (s *Server) shutdown() error {
 	cancelRelease()
 
 	_ = s.conn.Close()
+	if s.libvirt != nil {
+		if err := s.libvirt.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := s.store.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close database: %w", err))
 	}

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/clusterd/clusterd/infra/libvirt"
 	"github.com/clusterd/clusterd/lease"
 	"github.com/clusterd/clusterd/scanner"
 	"github.com/clusterd/clusterd/server"
@@ -69,7 +70,17 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8080", "REST gateway listen address (also /healthz and /openapi.json)")
 	fs.StringVar(&cfg.ServerID, "server-id", "", "this server's id among its peers; unique per live process (default: host name and gRPC port, e.g. "+host+":9090)")
 	fs.DurationVar(&cfg.DatabaseWait, "database-wait", 60*time.Second, "how long start-up waits for the database to answer")
-	fs.StringVar(&cfg.Infra, "infra", "sim", "infrastructure driver (sim)")
+	fs.StringVar(&cfg.Infra, "infra", "sim", "infrastructure driver: sim, or libvirt (real VMs; see --libvirt-*)")
+	fs.StringVar(&cfg.Libvirt.URI, "libvirt-uri", "qemu:///system", "libvirt connection of --infra libvirt (test+unix:///default: libvirt's test driver)")
+	fs.StringVar(&cfg.Libvirt.PoolDir, "libvirt-pool-dir", "/var/lib/clusterd/libvirt", "folder of the libvirt storage pool: machines' state volumes, agent sockets, cached ISOs")
+	fs.StringVar(&cfg.Libvirt.Pool, "libvirt-pool", "clusterd", "name of the libvirt storage pool (a dir pool on --libvirt-pool-dir, created when missing)")
+	fs.StringVar(&cfg.Libvirt.Kernel, "node-kernel", "", "kernel of the node image, booted directly (make node-image)")
+	fs.StringVar(&cfg.Libvirt.Initrd, "node-initrd", "", "initramfs of the node image, with the node agent (make node-image)")
+	fs.Func("libvirt-offerings", "VM size of each service offering, name:cpus:memoryMiB,... (default: every offering 1 vCPU, 128-256 MiB)", func(v string) error {
+		offers, err := libvirt.ParseOfferings(v)
+		cfg.Libvirt.Offerings = offers
+		return err
+	})
 	fs.DurationVar(&cfg.SimStepDelay, "sim-step-delay", 100*time.Millisecond, "time every simulated infrastructure step takes")
 	catalog := service.DefaultCatalog()
 	cfg.Catalog = &catalog

@@ -117,3 +117,24 @@ func TestDefaultServerIDIsUniquePerProcess(t *testing.T) {
 		t.Errorf("database wait %s; want the 60s default", cfg.DatabaseWait)
 	}
 }
+
+// TestLibvirtFlags: --infra libvirt takes its connection, pool, node image
+// and VM sizes from the command line (or their CLUSTERD_* twins).
+func TestLibvirtFlags(t *testing.T) {
+	env := map[string]string{"CLUSTERD_LIBVIRT_URI": "test+unix:///default"}
+	cfg, _, err := parse([]string{"--infra", "libvirt", "--libvirt-pool-dir", "/srv/pool", "--node-kernel", "/k", "--node-initrd", "/i",
+		"--libvirt-offerings", "small:1:128,large:2:256"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc := cfg.Libvirt
+	if cfg.Infra != "libvirt" || lc.URI != "test+unix:///default" || lc.PoolDir != "/srv/pool" || lc.Pool != "clusterd" || lc.Kernel != "/k" || lc.Initrd != "/i" {
+		t.Errorf("libvirt config = %+v", lc)
+	}
+	if len(lc.Offerings) != 2 || lc.Offerings["large"].CPUs != 2 || lc.Offerings["large"].MemoryMiB != 256 {
+		t.Errorf("offerings = %+v", lc.Offerings)
+	}
+	if _, _, err := parse([]string{"--libvirt-offerings", "small:0:128"}, func(string) string { return "" }, io.Discard); err == nil {
+		t.Error("an offering of 0 vCPUs was accepted")
+	}
+}

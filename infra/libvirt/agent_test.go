@@ -1,0 +1,164 @@
+package libvirt_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/clusterd/clusterd/infra/libvirt"
+)
+
+// TestSocketAgentsSpeakTheProtocol: a request is one JSON line on the
+// machine's channel socket; the answer with the request's id is returned
+// (an earlier request's answer is skipped), and a refusal is ErrAgent with
+// the agent's message.
+func TestSocketAgentsSpeakTheProtocol(t *testing.T) {
+	dir := t.TempDir()
+	const machine = "m1"
+	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, machine))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	var mu sync.Mutex
+	var seen []libvirt.AgentRequest
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			sc := bufio.NewScanner(conn)
+			if sc.Scan() {
+				var req libvirt.AgentRequest
+				_ = json.Unmarshal(sc.Bytes(), &req)
+				mu.Lock()
+				seen = append(seen, req)
+				mu.Unlock()
+				enc := json.NewEncoder(conn)
+				_ = enc.Encode(libvirt.AgentResponse{ID: req.ID - 1, OK: true, Status: libvirt.AgentStatus{Version: "stale"}})
+				resp := libvirt.AgentResponse{ID: req.ID, OK: req.Op != libvirt.OpJoin, Status: libvirt.AgentStatus{Machine: machine, Version: "1.30.2", Joined: true}}
+				if !resp.OK {
+					resp.Error = "the attached ISO holds 1.29.9, not 1.30.2"
+				}
+				_ = enc.Encode(resp)
+			}
+			conn.Close()
+		}
+	}()
+	a := libvirt.NewSocketAgents(dir)
+	t.Cleanup(func() { _ = a.Close() })
+	resp, err := a.Do(context.Background(), machine, libvirt.AgentRequest{Op: libvirt.OpStatus, Cluster: "c1"})
+	if err != nil || resp.Status.Version != "1.30.2" || !resp.Status.Joined || resp.Status.Machine != machine {
+		t.Fatalf("status: %+v, %v", resp, err)
+	}
+	_, err = a.Do(context.Background(), machine, libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "c1", Version: "1.30.2"})
+	if !errors.Is(err, libvirt.ErrAgent) || !contains(err.Error(), "holds 1.29.9") {
+		t.Fatalf("refused join: %v; want ErrAgent with the agent's message", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 2 || seen[0].Op != "status" || seen[0].Cluster != "c1" || seen[1].Version != "1.30.2" {
+		t.Fatalf("the agent got %+v", seen)
+	}
+	short, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := a.Do(short, "nobody", libvirt.AgentRequest{Op: libvirt.OpStatus}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a machine without a socket (%s): %v; want the context's end", filepath.Join(dir, "clusterd-nobody.agent"), err)
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestMemoryAgentsKeepTheAgentsRules: the in-process agents refuse what the
+// real agent refuses, and a refused request changes nothing.
+func TestMemoryAgentsKeepTheAgentsRules(t *testing.T) {
+	iso := ""
+	a := libvirt.NewMemoryAgents(func(context.Context, string) (string, error) { return iso, nil })
+	ctx := context.Background()
+	do := func(req libvirt.AgentRequest) (libvirt.AgentStatus, error) {
+		resp, err := a.Do(ctx, "m1", req)
+		return resp.Status, err
+	}
+	steps := []struct {
+		name    string
+		iso     string
+		req     libvirt.AgentRequest
+		refused string // "" when the request must succeed
+		want    libvirt.AgentStatus
+	}{
+		{"drain before joining", "", libvirt.AgentRequest{Op: libvirt.OpDrain}, "not joined", libvirt.AgentStatus{}},
+		{"join without an ISO", "", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "a", Version: "1.30.2"}, "no ISO attached", libvirt.AgentStatus{}},
+		{"join", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "a", Version: "1.30.2"}, "", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true}},
+		{"join another cluster", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "b", Version: "1.30.2"}, "leave it first", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true}},
+		{"drain", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpDrain}, "", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true, Cordoned: true}},
+		{"upgrade with the old ISO", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpUpgrade, Version: "1.31.1"}, "holds 1.30.2", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true, Cordoned: true}},
+		{"upgrade", "1.31.1", libvirt.AgentRequest{Op: libvirt.OpUpgrade, Version: "1.31.1"}, "", libvirt.AgentStatus{Cluster: "a", Version: "1.31.1", Joined: true}},
+		{"leave", "", libvirt.AgentRequest{Op: libvirt.OpLeave}, "", libvirt.AgentStatus{Version: "1.31.1"}},
+		{"join at the installed version, no ISO", "", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "b", Version: "1.31.1"}, "", libvirt.AgentStatus{Cluster: "b", Version: "1.31.1", Joined: true}},
+	}
+	for _, s := range steps {
+		iso = s.iso
+		got, err := do(s.req)
+		switch {
+		case s.refused == "" && err != nil:
+			t.Fatalf("%s: %v", s.name, err)
+		case s.refused != "" && (!errors.Is(err, libvirt.ErrAgent) || !strings.Contains(err.Error(), s.refused)):
+			t.Fatalf("%s: %v; want refused with %q", s.name, err, s.refused)
+		}
+		s.want.Machine, s.want.ISOVersion = "m1", s.iso
+		if got != s.want {
+			t.Fatalf("%s: status %+v; want %+v", s.name, got, s.want)
+		}
+	}
+}
+
+// TestSocketAgentsSendAgainWhatGotNoAnswer: a request the guest lost (read
+// and dropped, as a port closing under it does) is sent again after Retry,
+// on the same connection, and its answer is returned.
+func TestSocketAgentsSendAgainWhatGotNoAnswer(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, "m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		sc := bufio.NewScanner(conn)
+		for n := 0; sc.Scan(); n++ {
+			if n == 0 {
+				continue // lost
+			}
+			var req libvirt.AgentRequest
+			_ = json.Unmarshal(sc.Bytes(), &req)
+			_ = json.NewEncoder(conn).Encode(libvirt.AgentResponse{ID: req.ID, OK: true, Status: libvirt.AgentStatus{Machine: "m1"}})
+		}
+	}()
+	a := libvirt.NewSocketAgents(dir)
+	a.Retry = 50 * time.Millisecond
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := a.Do(ctx, "m1", libvirt.AgentRequest{Op: libvirt.OpStatus})
+	if err != nil || resp.Status.Machine != "m1" {
+		t.Fatalf("status after a lost sending: %+v, %v", resp, err)
+	}
+}

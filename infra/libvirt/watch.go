@@ -1,0 +1,42 @@
+package libvirt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Watch reports libvirt's truth as it changes, for reconciliation: it
+// subscribes to domain lifecycle events (started, shut down, destroyed,
+// crashed, suspended, redefined...) and calls observe with the cluster of
+// each clusterd domain an event is about, until ctx ends (it then returns
+// ctx.Err()) or the connection to libvirt breaks (an error: the caller
+// subscribes again, and its periodic sweep covers the gap). A domain
+// already undefined has no metadata left to name its cluster; its
+// destroy_machine step reported it.
+func (d *Driver) Watch(ctx context.Context, observe func(clusterIDs ...string)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	events, err := d.lv.LifecycleEvents(ctx)
+	if err != nil {
+		return fmt.Errorf("libvirt driver: subscribe to domain lifecycle events: %w", err)
+	}
+	for ev := range events {
+		if !strings.HasPrefix(ev.Dom.Name, "clusterd-") {
+			continue
+		}
+		m, err := d.metaOf(ev.Dom)
+		if err != nil {
+			d.log.Debug("domain event without clusterd metadata", "domain", ev.Dom.Name, "event", ev.Event, "error", err)
+			continue
+		}
+		if m.Cluster != "" {
+			observe(m.Cluster)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.New("libvirt driver: domain lifecycle events ended: the connection to libvirt closed")
+}
