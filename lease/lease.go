@@ -280,8 +280,17 @@ func (l *Lease) Run(ctx context.Context) {
 	}
 }
 
+// beatTimeout is how long one heartbeat may take: half the peer timeout (at
+// least a heartbeat interval). A loaded database (a Galera node certifying
+// on a busy machine) may take longer than an interval to commit a beat; the
+// lease counts from its send, so a beat accepted late still holds it, while
+// one cut at the interval would lose the lease to slowness alone.
+func (l *Lease) beatTimeout() time.Duration {
+	return max(l.cfg.HeartbeatInterval, l.cfg.PeerTimeout/2)
+}
+
 func (l *Lease) beat(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.HeartbeatInterval)
+	ctx, cancel := context.WithTimeout(ctx, l.beatTimeout())
 	defer cancel()
 	self := l.Self()
 	sent := l.now()

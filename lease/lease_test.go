@@ -385,3 +385,44 @@ func TestHeldSinceRestartsAfterAMissedHeartbeat(t *testing.T) {
 		reply <- nil
 	})
 }
+
+// realSlowStore answers every heartbeat after delay of real time, unless
+// the heartbeat's context ends first.
+type realSlowStore struct {
+	slowStore
+	delay time.Duration
+}
+
+func (s *realSlowStore) Heartbeat(ctx context.Context, srv repository.Server) (repository.Server, error) {
+	select {
+	case <-time.After(s.delay):
+		srv.HeartbeatTime = time.Now()
+		return srv, nil
+	case <-ctx.Done():
+		return repository.Server{}, ctx.Err()
+	}
+}
+
+func (s *realSlowStore) TakeOverServer(_ context.Context, id string, _ *repository.Server, host string, pid int) (repository.Server, error) {
+	return repository.Server{ID: id, Incarnation: "inc-1", Host: host, PID: int64(pid), HeartbeatTime: time.Now()}, nil
+}
+
+// A database slower than a heartbeat interval to commit a beat (a loaded
+// Galera node) does not cost the lease: a beat may take up to half the peer
+// timeout, and each one accepted holds the lease from its send.
+func TestSlowHeartbeatsKeepTheLease(t *testing.T) {
+	const interval, peerTimeout = 100 * time.Millisecond, 3 * time.Second
+	s := &realSlowStore{delay: 4 * interval}
+	l := lease.New(lease.Config{Store: s, ServerID: "srv", HeartbeatInterval: interval, PeerTimeout: peerTimeout, Logger: quiet()})
+	if _, err := l.Acquire(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(2 * peerTimeout)
+	if err := l.Check(); err != nil {
+		t.Fatalf("Check after %s of heartbeats each taking %s (interval %s): %v; want the lease held", 2*peerTimeout, s.delay, interval, err)
+	}
+}
