@@ -365,12 +365,17 @@ func TestIdentity_ReloadTokens(t *testing.T) {
 	}
 	// A malformed file, and an empty one (which would lock every caller
 	// out), are refused alike, and the log says why.
+	kept := 0
 	for name, file := range map[string]string{"malformed": "not a token line\n", "empty": "", "comments only": "# all revoked\n"} {
 		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		reload <- syscall.SIGHUP
 		reload <- syscall.SIGHUP
+		// The second send returns as its reload begins: the file is written
+		// again only once both reloads have read it and logged.
+		kept += 2
+		waitFor(t, func() bool { return strings.Count(logs.String(), "reload: auth tokens kept as they were") >= kept })
 		if got := call("fresh-token"); got != codes.OK {
 			t.Errorf("after the %s file was reloaded: %v; want the previous table in force", name, got)
 		}
