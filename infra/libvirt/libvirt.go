@@ -159,6 +159,10 @@ type Driver struct {
 	lv       *golibvirt.Libvirt
 	filters  *golibvirt.Libvirt // lv, or a connection of its own (Config.FilterURI)
 	uri      string
+	// remote is the URI lv asks libvirtd for, to connect again (redial).
+	remote golibvirt.ConnectURI
+	// dialMu serialises redials of lv.
+	dialMu sync.Mutex
 	poolDir  string
 	pool     string
 	kernel   string
@@ -227,6 +231,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("libvirt driver: URI %q: %w", d.uri, err)
 	}
 	test := strings.HasPrefix(u.Scheme, "test")
+	d.remote = golibvirt.RemoteURI(u)
 	d.lv, err = golibvirt.ConnectToURI(u)
 	if err != nil {
 		return nil, fmt.Errorf("libvirt driver: connect to %s: %w", d.uri, err)
@@ -269,6 +274,23 @@ func (d *Driver) Close() error {
 	if err != nil {
 		return fmt.Errorf("libvirt driver: disconnect: %w", err)
 	}
+	return nil
+}
+
+// redial connects lv to libvirtd again when its connection was lost (a
+// libvirtd restart): the same client, so every step uses the new
+// connection; a step that ran while it was down failed with a connection
+// error, and its job retries or fails as for any infrastructure error.
+func (d *Driver) redial() error {
+	d.dialMu.Lock()
+	defer d.dialMu.Unlock()
+	if d.lv.IsConnected() {
+		return nil
+	}
+	if err := d.lv.ConnectToURI(d.remote); err != nil {
+		return fmt.Errorf("libvirt driver: connect to %s again: %w", d.uri, err)
+	}
+	d.log.Info("connected to libvirt again", "uri", d.uri)
 	return nil
 }
 

@@ -7,21 +7,30 @@ import (
 	"strings"
 )
 
+// WatchingMessage is what Watch logs once it is subscribed: from then on
+// no change of a domain escapes it.
+const WatchingMessage = "watching libvirt domain events"
+
 // Watch reports libvirt's truth as it changes, for reconciliation: it
 // subscribes to domain lifecycle events (started, shut down, destroyed,
 // crashed, suspended, redefined...) and calls observe with the cluster of
 // each clusterd domain an event is about, until ctx ends (it then returns
 // ctx.Err()) or the connection to libvirt breaks (an error: the caller
-// subscribes again, and its periodic sweep covers the gap). A domain
+// calls Watch again, which first connects the driver to libvirt again,
+// and its periodic sweep covers the gap). A domain
 // already undefined has no metadata left to name its cluster; its
 // destroy_machine step reported it.
 func (d *Driver) Watch(ctx context.Context, observe func(clusterIDs ...string)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if err := d.redial(); err != nil {
+		return err
+	}
 	events, err := d.lv.LifecycleEvents(ctx)
 	if err != nil {
 		return fmt.Errorf("libvirt driver: subscribe to domain lifecycle events: %w", err)
 	}
+	d.log.Info(WatchingMessage, "uri", d.uri)
 	for ev := range events {
 		if !strings.HasPrefix(ev.Dom.Name, "clusterd-") {
 			continue
