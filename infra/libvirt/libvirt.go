@@ -156,13 +156,13 @@ type Config struct {
 // Driver implements infra.Infrastructure on libvirt. It is safe for
 // concurrent use; Close releases its connections.
 type Driver struct {
-	lv       *golibvirt.Libvirt
-	filters  *golibvirt.Libvirt // lv, or a connection of its own (Config.FilterURI)
-	uri      string
+	lv      *golibvirt.Libvirt
+	filters *golibvirt.Libvirt // lv, or a connection of its own (Config.FilterURI)
+	uri     string
 	// remote is the URI lv asks libvirtd for, to connect again (redial).
 	remote golibvirt.ConnectURI
 	// dialMu serialises redials of lv.
-	dialMu sync.Mutex
+	dialMu   sync.Mutex
 	poolDir  string
 	pool     string
 	kernel   string

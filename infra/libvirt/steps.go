@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -472,32 +471,12 @@ func (d *Driver) DestroyMachine(ctx context.Context, c infra.Call) error {
 	if err := d.fence(ctx, step, c, "before"); err != nil {
 		return err
 	}
-	err := d.changeLocked(ctx, step, c, false, func(dm *domain) error {
-		if err := d.lv.DomainDestroy(dm.dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid && libvirtCode(err) != golibvirt.ErrNoDomain {
-			return fmt.Errorf("destroy domain %s: %w", dm.dom.Name, err)
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := d.lv.DomainUndefineFlags(dm.dom, golibvirt.DomainUndefineManagedSave); err != nil && libvirtCode(err) != golibvirt.ErrNoDomain {
-			return fmt.Errorf("undefine domain %s: %w", dm.dom.Name, err)
-		}
-		return nil
-	})
+	err := d.changeLocked(ctx, step, c, false, func(dm *domain) error { return d.undefine(ctx, *dm) })
 	if err != nil && !errors.Is(err, infra.ErrNotFound) {
 		return err
 	}
 	// Gone or just undefined: what it leaves behind goes too.
-	if err := d.deleteStateVolume(ctx, c.MachineID); err != nil {
-		return fmt.Errorf("%s: %w", step, err)
-	}
-	if err := os.Remove(AgentSocket(d.poolDir, c.MachineID)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%s: remove agent socket: %w", step, err)
-	}
-	if f, ok := d.agents.(interface{ Forget(string) }); ok {
-		f.Forget(c.MachineID)
-	}
-	if err := d.dropFilterIfLast(ctx, c.ClusterID); err != nil {
+	if err := d.leftovers(ctx, c.MachineID, c.ClusterID); err != nil {
 		return fmt.Errorf("%s: %w", step, err)
 	}
 	if err := d.fence(ctx, step, c, "after"); err != nil {
