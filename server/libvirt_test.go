@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"net/url"
 	"os"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/infra/libvirt"
+	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
@@ -242,4 +244,139 @@ func waitLog(t *testing.T, logs *logBuffer, msg string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("no log line %q", msg)
+}
+
+// openGuard lets every change through: the window between a guard's
+// check and the change, stretched over a whole call.
+type openGuard struct{}
+
+func (openGuard) CheckHolder(context.Context, repository.Fence) error { return nil }
+
+// TestLibvirtOrphanMachinesAreRemoved: a domain of a destroyed cluster
+// (made by a call that outlived its job) and one of a cluster the
+// database does not know are removed once older than the grace, the first
+// recorded in its cluster's history; the machines of a live cluster stay.
+func TestLibvirtOrphanMachinesAreRemoved(t *testing.T) {
+	h, raw, pool, made := startLibvirt(t, func(c *Config) {
+		c.ScanInterval, c.ReconcileInterval, c.OrphanMachineGrace = 100*time.Millisecond, time.Hour, 500*time.Millisecond
+	})
+	ctx := tctx(t)
+	drv := h.srv.libvirt
+	live := h.create(t, "live", 1)
+	liveID := strings.TrimPrefix(live.GetName(), "clusters/")
+	removeFilter(t, liveID)
+	liveMachines, err := drv.Machines(ctx, liveID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range liveMachines {
+		*made = append(*made, m.ID)
+	}
+	gone := h.create(t, "gone", 1)
+	goneID := strings.TrimPrefix(gone.GetName(), "clusters/")
+	removeFilter(t, goneID)
+	op, err := h.clients.clusters.DeleteCluster(ctx, &clv1.DeleteClusterRequest{Name: gone.GetName()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done := h.wait(t, op); done.GetError() != nil {
+		t.Fatalf("delete failed: %v", done.GetError())
+	}
+
+	// Late calls, through a driver on the same pool whose guard let them
+	// through: a worker of the destroyed cluster, and one of a cluster
+	// the database never had.
+	late, err := libvirt.New(ctx, libvirt.Config{URI: "test+unix:///default", PoolDir: h.srv.cfg.Libvirt.PoolDir, Pool: pool, Guard: openGuard{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = late.Close() })
+	unknownID := uuid.NewString()
+	removeFilter(t, unknownID)
+	orphans := map[string]string{uuid.NewString(): goneID, uuid.NewString(): unknownID}
+	for id, cluster := range orphans {
+		*made = append(*made, id)
+		if _, err := late.ProvisionMachine(ctx, infra.Call{ClusterID: cluster, Operation: "late", Attempt: 1}, id, infra.RoleWorker, "small", "1.30.2"); err != nil {
+			t.Fatalf("provision a late machine of cluster %s: %v", cluster, err)
+		}
+	}
+	// A machine of another deployment sharing the libvirtd, in a pool of
+	// its own: its cluster is unknown here too, and it is not this
+	// server's to judge.
+	otherPool := "clusterd-test-" + uuid.NewString()[:8]
+	otherDir, err := os.MkdirTemp("", "lv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(otherDir) })
+	other, err := libvirt.New(ctx, libvirt.Config{URI: "test+unix:///default", PoolDir: otherDir, Pool: otherPool, Guard: openGuard{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	othersID, othersCluster := uuid.NewString(), uuid.NewString()
+	removeFilter(t, othersCluster)
+	t.Cleanup(func() {
+		if dom, err := raw.DomainLookupByName(libvirt.DomainName(othersID)); err == nil {
+			_ = raw.DomainDestroy(dom)
+			_ = raw.DomainUndefineFlags(dom, 0)
+		}
+		if p, err := raw.StoragePoolLookupByName(otherPool); err == nil {
+			vols, _, _ := raw.StoragePoolListAllVolumes(p, 1, 0)
+			for _, v := range vols {
+				_ = raw.StorageVolDelete(v, 0)
+			}
+			_ = raw.StoragePoolDestroy(p)
+			_ = raw.StoragePoolUndefine(p)
+		}
+		_ = other.Close()
+	})
+	if _, err := other.ProvisionMachine(ctx, infra.Call{ClusterID: othersCluster, Operation: "other", Attempt: 1}, othersID, infra.RoleWorker, "small", "1.30.2"); err != nil {
+		t.Fatalf("provision a machine in another pool: %v", err)
+	}
+
+	deadline := time.Now().Add(time.Minute)
+	for id := range orphans {
+		for {
+			_, err := raw.DomainLookupByName(libvirt.DomainName(id))
+			if golibvirt.IsNotFound(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("orphan machine %s of cluster %s is still there: %v", id, orphans[id], err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if p, err := raw.StoragePoolLookupByName(pool); err != nil {
+		t.Fatal(err)
+	} else {
+		for id := range orphans {
+			if _, err := raw.StorageVolLookupByName(p, libvirt.DomainName(id)+".img"); err == nil {
+				t.Errorf("the volume of orphan machine %s is left", id)
+			}
+		}
+	}
+	var recorded []string
+	for _, e := range fxHistory(t, h, gone.GetName()) {
+		if e.GetEvent() == repository.OrphanMachineRemoved {
+			recorded = append(recorded, e.GetMessage())
+			if e.GetFromState() != clv1.Cluster_DESTROYED || e.GetToState() != clv1.Cluster_DESTROYED {
+				t.Errorf("the removal's history entry moves the cluster: %v -> %v", e.GetFromState(), e.GetToState())
+			}
+		}
+	}
+	if len(recorded) != 1 {
+		t.Errorf("history of the destroyed cluster: %d %s entries %q; want 1", len(recorded), repository.OrphanMachineRemoved, recorded)
+	}
+	for _, m := range liveMachines {
+		if _, err := drv.Machine(ctx, m.ID); err != nil {
+			t.Errorf("machine %s of the live cluster: %v; want it kept", m.ID, err)
+		}
+	}
+	if _, err := drv.Machine(ctx, othersID); err != nil {
+		t.Errorf("machine %s in another pool: %v; want it kept", othersID, err)
+	}
+	if c, err := h.clients.clusters.GetCluster(ctx, &clv1.GetClusterRequest{Name: live.GetName()}); err != nil || c.GetState() != clv1.Cluster_RUNNING {
+		t.Errorf("the live cluster: %v, %v; want RUNNING", c.GetState(), err)
+	}
 }

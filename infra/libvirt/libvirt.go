@@ -159,7 +159,9 @@ type Driver struct {
 	lv      *golibvirt.Libvirt
 	filters *golibvirt.Libvirt // lv, or a connection of its own (Config.FilterURI)
 	uri     string
-	// remote is the URI lv asks libvirtd for, to connect again (redial).
+	// url is uri parsed, to dial again (Watch's connections); remote is
+	// what lv asks libvirtd for, to connect again (redial).
+	url    *url.URL
 	remote golibvirt.ConnectURI
 	// dialMu serialises redials of lv.
 	dialMu   sync.Mutex
@@ -231,7 +233,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("libvirt driver: URI %q: %w", d.uri, err)
 	}
 	test := strings.HasPrefix(u.Scheme, "test")
-	d.remote = golibvirt.RemoteURI(u)
+	d.url, d.remote = u, golibvirt.RemoteURI(u)
 	d.lv, err = golibvirt.ConnectToURI(u)
 	if err != nil {
 		return nil, fmt.Errorf("libvirt driver: connect to %s: %w", d.uri, err)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
 )
 
 // WatchingMessage is what Watch logs once it is subscribed: from then on
@@ -15,9 +17,9 @@ const WatchingMessage = "watching libvirt domain events"
 // subscribes to domain lifecycle events (started, shut down, destroyed,
 // crashed, suspended, redefined...) and calls observe with the cluster of
 // each clusterd domain an event is about, until ctx ends (it then returns
-// ctx.Err()) or the connection to libvirt breaks (an error: the caller
-// calls Watch again, which first connects the driver to libvirt again,
-// and its periodic sweep covers the gap). A domain
+// ctx.Err()) or its connection to libvirt breaks (an error: the caller
+// calls Watch again, which first connects the driver's own connection to
+// libvirt again if it broke too, and its periodic sweep covers the gap). A domain
 // already undefined has no metadata left to name its cluster; its
 // destroy_machine step reported it.
 func (d *Driver) Watch(ctx context.Context, observe func(clusterIDs ...string)) error {
@@ -26,7 +28,15 @@ func (d *Driver) Watch(ctx context.Context, observe func(clusterIDs ...string)) 
 	if err := d.redial(); err != nil {
 		return err
 	}
-	events, err := d.lv.LifecycleEvents(ctx)
+	// A connection of its own: go-libvirt ends a subscription (an RPC)
+	// after its channel closes, which a Close of the driver's connection
+	// right after would interrupt.
+	lv, err := golibvirt.ConnectToURI(d.url)
+	if err != nil {
+		return fmt.Errorf("libvirt driver: connect to %s for domain events: %w", d.uri, err)
+	}
+	defer func() { _ = lv.Disconnect() }() // going away: an interrupted unsubscription is fine
+	events, err := lv.LifecycleEvents(ctx)
 	if err != nil {
 		return fmt.Errorf("libvirt driver: subscribe to domain lifecycle events: %w", err)
 	}
