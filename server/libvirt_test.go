@@ -380,3 +380,17 @@ func TestLibvirtOrphanMachinesAreRemoved(t *testing.T) {
 		t.Errorf("the live cluster: %v, %v; want RUNNING", c.GetState(), err)
 	}
 }
+
+// TestWatchBackoff: subscribing again to libvirt's events after failures
+// in a row waits longer each time, up to a bound.
+func TestWatchBackoff(t *testing.T) {
+	want := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second}
+	for i, w := range want {
+		if got := watchBackoff(i + 1); got != w {
+			t.Errorf("watchBackoff(%d) = %v; want %v", i+1, got, w)
+		}
+	}
+	if got := watchBackoff(1000); got != watchBackoffMax {
+		t.Errorf("watchBackoff(1000) = %v; want %v", got, watchBackoffMax)
+	}
+}
