@@ -32,7 +32,7 @@ func (d *Driver) OwnMachines(ctx context.Context) ([]infra.Machine, error) {
 	}
 	var out []infra.Machine
 	for _, m := range all {
-		_, err := d.lv.StorageVolLookupByName(p, volumeName(m.ID))
+		_, err := d.conn().StorageVolLookupByName(p, volumeName(m.ID))
 		switch {
 		case err == nil:
 			out = append(out, m)
@@ -78,13 +78,13 @@ func (d *Driver) RemoveOrphan(ctx context.Context, id, clusterID string) error {
 // undefine destroys (powers off at once) and undefines dm's domain; gone
 // counts as done.
 func (d *Driver) undefine(ctx context.Context, dm domain) error {
-	if err := d.lv.DomainDestroy(dm.dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid && libvirtCode(err) != golibvirt.ErrNoDomain {
+	if err := d.conn().DomainDestroy(dm.dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid && libvirtCode(err) != golibvirt.ErrNoDomain {
 		return fmt.Errorf("destroy domain %s: %w", dm.dom.Name, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := d.lv.DomainUndefineFlags(dm.dom, golibvirt.DomainUndefineManagedSave); err != nil && libvirtCode(err) != golibvirt.ErrNoDomain {
+	if err := d.conn().DomainUndefineFlags(dm.dom, golibvirt.DomainUndefineManagedSave); err != nil && libvirtCode(err) != golibvirt.ErrNoDomain {
 		return fmt.Errorf("undefine domain %s: %w", dm.dom.Name, err)
 	}
 	return nil

@@ -19,8 +19,8 @@ func (passGuard) CheckHolder(context.Context, repository.Fence) error { return n
 
 // TestWatchConnectsAgainAfterALostConnection: once the driver's connection
 // to libvirt is lost (libvirtd restarted), its steps fail until the next
-// Watch, which connects it again before subscribing; from then on the
-// steps work again.
+// Watch, which connects it (and its network filters' connection) again
+// before subscribing; from then on the steps work again.
 func TestWatchConnectsAgainAfterALostConnection(t *testing.T) {
 	uri := "test+unix:///default"
 	if u := os.Getenv("CLUSTERD_TEST_LIBVIRT_URI"); u != "" {
@@ -47,8 +47,11 @@ func TestWatchConnectsAgainAfterALostConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.Close() })
-	// The connection breaks as a libvirtd restart breaks it.
-	_ = d.lv.Disconnect()
+	// The connections break as a libvirtd restart breaks them.
+	_ = d.conn().Disconnect()
+	if d.filterURL != nil {
+		_ = d.filterConn().Disconnect()
+	}
 	if _, err := d.Machines(ctx); err == nil {
 		t.Fatal("Machines on a lost connection succeeded; want an error")
 	}
@@ -58,6 +61,9 @@ func TestWatchConnectsAgainAfterALostConnection(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		_, err := d.Machines(ctx)
+		if err == nil {
+			_, err = d.Rules(ctx, "00000000-0000-0000-0000-000000000000")
+		}
 		if err == nil {
 			break
 		}

@@ -83,7 +83,7 @@ func (d *Driver) define(ctx context.Context, m meta, off Offering) (domain, erro
 	if err := ctx.Err(); err != nil {
 		return domain{}, err
 	}
-	dom, err := d.lv.DomainDefineXML(x)
+	dom, err := d.conn().DomainDefineXML(x)
 	if err != nil {
 		return domain{}, fmt.Errorf("define domain %s: %w", DomainName(m.ID), err)
 	}
@@ -99,7 +99,7 @@ func (d *Driver) start(ctx context.Context, dom golibvirt.Domain) error {
 	if err != nil || running {
 		return err
 	}
-	if err := d.lv.DomainCreate(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
+	if err := d.conn().DomainCreate(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
 		return fmt.Errorf("start domain %s: %w", dom.Name, err)
 	}
 	return nil
@@ -190,7 +190,7 @@ func (d *Driver) stop(ctx context.Context, dom golibvirt.Domain) error {
 	}
 	// A guest that cannot be asked (paused, or stopped meanwhile) is
 	// destroyed at once; destroying a stopped one is a no-op.
-	if err := d.lv.DomainShutdown(dom); err != nil {
+	if err := d.conn().DomainShutdown(dom); err != nil {
 		d.log.Info("graceful shutdown refused; destroying", "domain", dom.Name, "error", err)
 	} else {
 		deadline := time.NewTimer(d.shutdown)
@@ -212,7 +212,7 @@ func (d *Driver) stop(ctx context.Context, dom golibvirt.Domain) error {
 			}
 		}
 	}
-	if err := d.lv.DomainDestroy(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
+	if err := d.conn().DomainDestroy(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
 		return fmt.Errorf("destroy domain %s: %w", dom.Name, err)
 	}
 	return nil
@@ -248,7 +248,7 @@ func (d *Driver) redefine(ctx context.Context, dom golibvirt.Domain, edit func(*
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s, err := d.lv.DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive|golibvirt.DomainXMLSecure)
+	s, err := d.conn().DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive|golibvirt.DomainXMLSecure)
 	if err != nil {
 		return fmt.Errorf("read definition of domain %s: %w", dom.Name, err)
 	}
@@ -264,7 +264,7 @@ func (d *Driver) redefine(ctx context.Context, dom golibvirt.Domain, edit func(*
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if _, err := d.lv.DomainDefineXML(out); err != nil {
+	if _, err := d.conn().DomainDefineXML(out); err != nil {
 		return fmt.Errorf("redefine domain %s: %w", dom.Name, err)
 	}
 	return nil
@@ -316,7 +316,7 @@ func (d *Driver) media(ctx context.Context, dm *domain, iso, path string) error 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		err = d.lv.DomainUpdateDeviceFlags(dm.dom, x, golibvirt.DomainDeviceModifyLive|golibvirt.DomainDeviceModifyForce)
+		err = d.conn().DomainUpdateDeviceFlags(dm.dom, x, golibvirt.DomainDeviceModifyLive|golibvirt.DomainDeviceModifyForce)
 		if err != nil && libvirtCode(err) != golibvirt.ErrNoSupport {
 			return fmt.Errorf("change cdrom of running domain %s: %w", dm.dom.Name, err)
 		}

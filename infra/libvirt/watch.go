@@ -18,9 +18,9 @@ const WatchingMessage = "watching libvirt domain events"
 // crashed, suspended, redefined...) and calls observe with the cluster of
 // each clusterd domain an event is about, until ctx ends (it then returns
 // ctx.Err()) or its connection to libvirt breaks (an error: the caller
-// calls Watch again, which first connects the driver's own connection to
-// libvirt again if it broke too, and its periodic sweep covers the gap). A domain
-// already undefined has no metadata left to name its cluster; its
+// calls Watch again, which first connects the driver's own connections
+// again if they broke too, and its periodic sweep covers the gap). A
+// domain already undefined has no metadata left to name its cluster; its
 // destroy_machine step reported it.
 func (d *Driver) Watch(ctx context.Context, observe func(clusterIDs ...string)) error {
 	ctx, cancel := context.WithCancel(ctx)
