@@ -269,6 +269,7 @@ func TestDecideOrphanMachine(t *testing.T) {
 		{"of a DESTROYING cluster no operation holds (retried)", machine("c", time.Hour), cluster(lifecycle.Destroying, ""), false, ""},
 		{"of a destroyed cluster", machine("c", time.Hour), cluster(lifecycle.Destroyed, ""), true,
 			"machine m (WORKER, made 2026-01-02T02:04:05Z) outlived its cluster's destroy"},
+		{"of a destroyed cluster an operation still names", machine("c", time.Hour), cluster(lifecycle.Destroyed, "j"), false, ""},
 		{"of a destroyed cluster, within the grace", machine("c", grace-time.Second), cluster(lifecycle.Destroyed, ""), false, ""},
 		{"of a destroyed cluster, at the grace", machine("c", grace), cluster(lifecycle.Destroyed, ""), true,
 			"machine m (WORKER, made 2026-01-02T02:59:05Z) outlived its cluster's destroy"},
