@@ -15,8 +15,8 @@ import (
 // This file holds the scanner's decisions: pure functions of what a pass
 // read and of the time it was given, with no I/O and no clock, so each is
 // tested by a table without a database. The loops of liveness.go,
-// orphans.go, reconcile.go and purge.go read, ask these, and apply what
-// they return; where a decision moves a cluster it asks the state machine
+// orphans.go, reconcile.go, purge.go and machines.go read, ask these, and
+// apply what they return; where a decision moves a cluster it asks the state machine
 // (package lifecycle) which events its state allows.
 
 // actionKind is what a decision asks the scanner to do to one cluster. Each

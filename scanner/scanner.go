@@ -17,9 +17,9 @@
 // adds a read by primary key per cluster observed, a bounded number.
 //
 // What the scanner does is decided by pure functions of what it read and of
-// the time (decide.go); the loops of liveness.go, orphans.go, reconcile.go
-// and purge.go read, ask them, and apply the result through the Store and
-// the Recoverer.
+// the time (decide.go); the loops of liveness.go, orphans.go, reconcile.go,
+// purge.go and machines.go read, ask them, and apply the result through the
+// Store, the Recoverer and the MachineCollector.
 package scanner
 
 import (
