@@ -11,12 +11,17 @@ import (
 	"github.com/clusterd/clusterd/lifecycle"
 )
 
-// History entries that recovery writes without a state change.
+// History entries that recovery and the scanner write without a state
+// change.
 const (
 	// RecoveryStarted: recovery took over an orphaned operation.
 	RecoveryStarted = "RECOVERY_STARTED"
 	// Repair: recovery converged something an interrupted operation left.
 	Repair = "REPAIR"
+	// OrphanMachineRemoved: the scanner removed a machine of the cluster
+	// that no operation will ever record (it outlived the cluster's
+	// destroy); the cluster's state is unchanged.
+	OrphanMachineRemoved = "ORPHAN_MACHINE_REMOVED"
 )
 
 // FailJobsOfDeadServers ends every IN_PROGRESS job whose owner is not alive

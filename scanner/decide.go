@@ -15,8 +15,8 @@ import (
 // This file holds the scanner's decisions: pure functions of what a pass
 // read and of the time it was given, with no I/O and no clock, so each is
 // tested by a table without a database. The loops of liveness.go,
-// orphans.go, reconcile.go and purge.go read, ask these, and apply what
-// they return; where a decision moves a cluster it asks the state machine
+// orphans.go, reconcile.go, purge.go and machines.go read, ask these, and
+// apply what they return; where a decision moves a cluster it asks the state machine
 // (package lifecycle) which events its state allows.
 
 // actionKind is what a decision asks the scanner to do to one cluster. Each
@@ -327,4 +327,44 @@ func (c cursor) advance(p page, now time.Time, margin time.Duration, full bool, 
 		c.since = p.sweepStart.Add(-margin)
 	}
 	return c
+}
+
+// decideOrphanMachine says whether machine m, listed by infrastructure
+// whose machines outlive clusterd's records (MachineCollector), is an
+// orphan to remove, and why; c is m's cluster as the store holds it, nil
+// when the store has no cluster with that id.
+//
+// An operation records its machines by naming their cluster in the
+// infrastructure (the metadata a machine is made with): from then on the
+// cluster's listing (Machines) is the record of its nodes, which its
+// operations, recovery (the leftovers of an interrupted operation) and
+// reconciliation act on. So a machine whose cluster exists and is not
+// DESTROYED is never an orphan here, held or not: an operation in
+// progress, or its recovery, may still record it or remove it. A machine
+// is an orphan when nothing ever will: its cluster is DESTROYED (its
+// destroy listed and removed the machines it found; this one was made
+// after, by a call that outlived its job, or survived a crash between
+// its definition and the destroy) or unknown to the database (never
+// recorded, or purged), and held by no operation. A cluster is recorded
+// before any of its machines is made (a create's claim), and neither
+// condition is ever left, so the decision cannot race an operation. A
+// free machine (no cluster) is never an orphan: it waits to be taken. A
+// machine younger than grace, or of unknown age, is left for later, so
+// that a store read a moment ago cannot be older than the machine.
+func decideOrphanMachine(m infra.Machine, c *repository.Cluster, now time.Time, grace time.Duration) (bool, string) {
+	switch {
+	case m.ClusterID == "":
+		return false, ""
+	case m.CreateTime.IsZero() || now.Sub(m.CreateTime) < grace:
+		return false, ""
+	case c == nil:
+		return true, fmt.Sprintf("machine %s (%s, made %s) names cluster %s, which the database does not know",
+			m.ID, m.Role, m.CreateTime.UTC().Format(time.RFC3339), m.ClusterID)
+	case c.CurrentOperation != "":
+		return false, ""
+	case c.State == lifecycle.Destroyed:
+		return true, fmt.Sprintf("machine %s (%s, made %s) outlived its cluster's destroy",
+			m.ID, m.Role, m.CreateTime.UTC().Format(time.RFC3339))
+	}
+	return false, ""
 }

@@ -240,3 +240,50 @@ func TestCursor(t *testing.T) {
 		c = c.advance(p, at(step.now), margin, step.full, step.last)
 	}
 }
+
+func TestDecideOrphanMachine(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	const grace = 5 * time.Minute
+	machine := func(cluster string, age time.Duration) infra.Machine {
+		m := infra.Machine{ID: "m", ClusterID: cluster, Role: infra.RoleWorker}
+		if age >= 0 {
+			m.CreateTime = now.Add(-age)
+		}
+		return m
+	}
+	cluster := func(s lifecycle.State, op string) *repository.Cluster {
+		return &repository.Cluster{ID: "c", State: s, CurrentOperation: op}
+	}
+	cases := []struct {
+		name   string
+		m      infra.Machine
+		c      *repository.Cluster
+		remove bool
+		reason string
+	}{
+		{"a free machine", machine("", time.Hour), nil, false, ""},
+		{"of a running cluster", machine("c", time.Hour), cluster(lifecycle.Running, ""), false, ""},
+		{"of a cluster an operation holds", machine("c", time.Hour), cluster(lifecycle.Scaling, "j"), false, ""},
+		{"of an ERROR cluster (recovery's leftovers)", machine("c", time.Hour), cluster(lifecycle.Error, ""), false, ""},
+		{"of a cluster being destroyed", machine("c", time.Hour), cluster(lifecycle.Destroying, "j"), false, ""},
+		{"of a DESTROYING cluster no operation holds (retried)", machine("c", time.Hour), cluster(lifecycle.Destroying, ""), false, ""},
+		{"of a destroyed cluster", machine("c", time.Hour), cluster(lifecycle.Destroyed, ""), true,
+			"machine m (WORKER, made 2026-01-02T02:04:05Z) outlived its cluster's destroy"},
+		{"of a destroyed cluster an operation still names", machine("c", time.Hour), cluster(lifecycle.Destroyed, "j"), false, ""},
+		{"of a destroyed cluster, within the grace", machine("c", grace-time.Second), cluster(lifecycle.Destroyed, ""), false, ""},
+		{"of a destroyed cluster, at the grace", machine("c", grace), cluster(lifecycle.Destroyed, ""), true,
+			"machine m (WORKER, made 2026-01-02T02:59:05Z) outlived its cluster's destroy"},
+		{"of an unknown cluster", machine("c", time.Hour), nil, true,
+			"machine m (WORKER, made 2026-01-02T02:04:05Z) names cluster c, which the database does not know"},
+		{"of an unknown cluster, within the grace", machine("c", time.Minute), nil, false, ""},
+		{"of unknown age", machine("c", -1), nil, false, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			remove, reason := decideOrphanMachine(tc.m, tc.c, now, grace)
+			if remove != tc.remove || reason != tc.reason {
+				t.Errorf("decideOrphanMachine = %v, %q; want %v, %q", remove, reason, tc.remove, tc.reason)
+			}
+		})
+	}
+}

@@ -20,6 +20,8 @@ type Report struct {
 	LostRaces int
 	// Purged: finished jobs deleted after the retention period.
 	Purged int
+	// MachinesRemoved: orphan machines removed (decideOrphanMachine).
+	MachinesRemoved int
 	// Errors the pass met (it goes on past them).
 	Errors []error
 	// Skipped says why the pass, or its recovery, did nothing.

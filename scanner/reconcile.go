@@ -35,6 +35,13 @@ func (s *Scanner) Observe(clusterIDs ...string) {
 	}
 }
 
+// Sweep asks for a sweep of every resting cluster, starting at the next
+// due reconciliation (once the current one, if any, is done): a source of
+// infrastructure events calls it after a gap in its events (a lost
+// connection), since Observe could not be told what changed meanwhile.
+// It is safe to call from any goroutine, and never blocks on I/O.
+func (s *Scanner) Sweep() { s.sweepAgain() }
+
 // takeObserved returns the clusters Observe marked, in id order, and clears
 // the marks.
 func (s *Scanner) takeObserved() []string {

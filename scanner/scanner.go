@@ -2,8 +2,8 @@
 // every server (whose heartbeat is package lease): a pass, at start and then
 // every scan interval, that fails the jobs of dead servers, recovers
 // orphaned operations, reconciles resting clusters against the
-// infrastructure (every reconcile interval), retries destroys and purges old
-// jobs. It only passes while the server holds its lease.
+// infrastructure (every reconcile interval), retries destroys, purges old
+// jobs and removes orphan machines (machines.go). It only passes while the server holds its lease.
 //
 // Every write the scanner causes is the repository's compare-and-set on a
 // cluster as the scanner read it; losing one is normal (another server, or a
@@ -17,9 +17,9 @@
 // adds a read by primary key per cluster observed, a bounded number.
 //
 // What the scanner does is decided by pure functions of what it read and of
-// the time (decide.go); the loops of liveness.go, orphans.go, reconcile.go
-// and purge.go read, ask them, and apply the result through the Store and
-// the Recoverer.
+// the time (decide.go); the loops of liveness.go, orphans.go, reconcile.go,
+// purge.go and machines.go read, ask them, and apply the result through the
+// Store, the Recoverer and the MachineCollector.
 package scanner
 
 import (
@@ -49,6 +49,7 @@ type Store interface {
 	UnheldClusters(ctx context.Context, states []lifecycle.State, after string, limit int) ([]repository.Cluster, error)
 	ChangedUnheldClusters(ctx context.Context, states []lifecycle.State, since time.Time, limit int) ([]repository.Cluster, error)
 	PurgeJobs(ctx context.Context, cutoff time.Time, limit int) (int64, error)
+	RecordEvent(ctx context.Context, e repository.Event) error
 }
 
 // Recoverer starts the jobs that move clusters back (the service's
@@ -64,6 +65,21 @@ type Recoverer interface {
 // Machines reads the infrastructure for reconciliation.
 type Machines interface {
 	Machines(ctx context.Context, clusterIDs ...string) ([]infra.Machine, error)
+}
+
+// MachineCollector is infrastructure whose machines outlive clusterd's
+// records of them (the libvirt driver's domains), so a machine no
+// operation will ever record again (decideOrphanMachine) must be removed
+// by the scanner; infrastructure whose machines live in clusterd's
+// database (the simulator) does not implement it.
+type MachineCollector interface {
+	// OwnMachines lists the machines this server may judge: those of its
+	// own configuration (libvirt: its storage pool), not another's that
+	// shares the infrastructure with another database.
+	OwnMachines(ctx context.Context) ([]infra.Machine, error)
+	// RemoveOrphan removes machine id, judged an orphan of cluster
+	// clusterID, unless it no longer names that cluster; gone is removed.
+	RemoveOrphan(ctx context.Context, id, clusterID string) error
 }
 
 // CallLogPurger is infrastructure that keeps a log of the calls made to it
@@ -119,14 +135,25 @@ type Config struct {
 	// JobRetention (default 7 days): finished jobs older than this are
 	// purged, and the infrastructure's log of calls with them (CallLogPurger).
 	JobRetention time.Duration
-	Clock        func() time.Time
-	Logger       *slog.Logger
+	// Collector, optional, is the infrastructure's orphan machines'
+	// collector (MachineCollector).
+	Collector MachineCollector
+	// OrphanMachineGrace (default DefaultOrphanMachineGrace): a machine
+	// younger than this is never judged an orphan, and the collector runs
+	// every half of it (at most every scan pass).
+	OrphanMachineGrace time.Duration
+	Clock              func() time.Time
+	Logger             *slog.Logger
 }
 
 // DefaultScanInterval is how often liveness and orphan recovery run unless
 // configured: with lease.DefaultPeerTimeout, a dead server's operations move
 // again at most 3 s after its last heartbeat, plus one pass.
 const DefaultScanInterval = 500 * time.Millisecond
+
+// DefaultOrphanMachineGrace is how old a machine must be before it may be
+// judged an orphan unless configured (--orphan-machine-grace).
+const DefaultOrphanMachineGrace = 5 * time.Minute
 
 // Limits per pass, so a pass stays bounded whatever the backlog.
 const (
@@ -145,6 +172,7 @@ type Scanner struct {
 
 	mu            sync.Mutex
 	lastReconcile time.Time
+	lastCollect   time.Time
 	destroyRetry  map[string]retry
 	// cursor is where reconciliation stands in its walk of the resting
 	// clusters; observed are the clusters Observe asked it to look at in
@@ -169,6 +197,7 @@ func New(cfg Config) *Scanner {
 	def(&cfg.ScanInterval, DefaultScanInterval)
 	def(&cfg.ReconcileInterval, 10*time.Second)
 	def(&cfg.JobRetention, 7*24*time.Hour)
+	def(&cfg.OrphanMachineGrace, DefaultOrphanMachineGrace)
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = DefaultMaxAttempts
 	}
@@ -226,6 +255,15 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 	if due {
 		s.purge(ctx, &r)
 	}
+	s.mu.Lock()
+	collect := s.cfg.Collector != nil && start.Sub(s.lastCollect) >= s.cfg.OrphanMachineGrace/2
+	if collect {
+		s.lastCollect = start
+	}
+	s.mu.Unlock()
+	if collect {
+		s.collectMachines(ctx, &r)
+	}
 	r.Duration = s.now().Sub(start)
 	s.metrics.record(r)
 	for _, err := range r.Errors {
@@ -233,9 +271,9 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 			s.log.Warn("scan pass error", "error", err.Error())
 		}
 	}
-	if r.JobsFailed > 0 || r.Adopted > 0 || r.Recovered > 0 || r.Reconciled > 0 || len(r.Errors) > 0 {
+	if r.JobsFailed > 0 || r.Adopted > 0 || r.Recovered > 0 || r.Reconciled > 0 || r.MachinesRemoved > 0 || len(r.Errors) > 0 {
 		s.log.Info("scan pass", "jobs_failed", r.JobsFailed, "adopted", r.Adopted, "recovered", r.Recovered, "reconciled", r.Reconciled,
-			"lost_races", r.LostRaces, "purged", r.Purged, "errors", len(r.Errors), "duration", r.Duration)
+			"lost_races", r.LostRaces, "purged", r.Purged, "machines_removed", r.MachinesRemoved, "errors", len(r.Errors), "duration", r.Duration)
 	}
 	return r
 }

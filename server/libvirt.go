@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/clusterd/clusterd/infra/libvirt"
 	"github.com/clusterd/clusterd/repository"
@@ -39,4 +40,46 @@ type noGuard struct{}
 
 func (noGuard) CheckHolder(context.Context, repository.Fence) error {
 	return errors.New("the store cannot check the holder of a cluster")
+}
+
+// watchDomains feeds the libvirt driver's domain lifecycle events to the
+// scanner (Scanner.Observe) until ctx ends, so that a domain stopped or
+// started behind clusterd's back moves its cluster to ALERT, or back,
+// within a scan pass rather than a reconcile interval. When the
+// subscription ends with an error (libvirtd restarted: Watch connects the
+// driver again on its next call) it subscribes again after a backoff,
+// and asks the scanner for a sweep of every resting cluster, since the
+// events of the gap are lost.
+func (s *Server) watchDomains(ctx context.Context) {
+	failures := 0
+	for {
+		began := time.Now()
+		err := s.libvirt.Watch(ctx, s.scanner.Observe)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(began) >= watchBackoffMax {
+			failures = 0
+		}
+		failures++
+		wait := watchBackoff(failures)
+		s.log.Warn("libvirt domain events lost; subscribing again", "error", err, "in", wait)
+		s.scanner.Sweep()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// watchBackoffMax bounds the wait between two subscriptions to libvirt's
+// domain events; a subscription that lasted this long starts the backoff
+// over.
+const watchBackoffMax = 30 * time.Second
+
+// watchBackoff is the wait before subscribing again after the n-th failure
+// in a row (n >= 1): 500ms, doubling, at most watchBackoffMax.
+func watchBackoff(n int) time.Duration {
+	return min(watchBackoffMax, (500*time.Millisecond)<<min(n-1, 16))
 }

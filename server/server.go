@@ -73,6 +73,11 @@ type Config struct {
 	ScanInterval      time.Duration
 	ReconcileInterval time.Duration
 	JobRetention      time.Duration
+	// OrphanMachineGrace is how old a machine of a destroyed or unknown
+	// cluster must be before the scanner removes it, with the libvirt
+	// driver (default scanner.DefaultOrphanMachineGrace; see
+	// scanner.MachineCollector).
+	OrphanMachineGrace time.Duration
 	// Logger receives every log line (default slog.Default()).
 	Logger *slog.Logger
 	// HealthInterval is how often the database is pinged for health (default
@@ -245,11 +250,16 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if resume {
 		adopter = s.clusters
 	}
+	var collector scanner.MachineCollector
+	if s.libvirt != nil {
+		collector = s.libvirt
+	}
 	s.scanner = scanner.New(scanner.Config{
 		Store: s.store, Recoverer: s.metrics.recoverer(s.clusters), Infra: s.infra, Self: s.self, Lease: s.lease, Running: s.runner.Running,
 		Encode: service.EncodeJobError, Adopter: adopter, MaxAttempts: int32(cfg.MaxOperationAttempts),
 		PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
 		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
+		Collector: collector, OrphanMachineGrace: cfg.OrphanMachineGrace,
 	})
 
 	s.grpc = grpc.NewServer(append(s.interceptors(),

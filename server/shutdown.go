@@ -8,11 +8,12 @@ import (
 )
 
 // background is the goroutines Serve starts besides the listeners: the
-// heartbeat, the scanner and the health watcher. Each is stopped on its own,
-// in the order shutdown needs, and joined before the database closes.
+// heartbeat, the scanner, the health watcher and, with the libvirt driver,
+// the watcher of its domain events. Each is stopped on its own, in the
+// order shutdown needs, and joined before the database closes.
 type background struct {
-	stopLease, stopScanner, stopHealth context.CancelFunc
-	leaseDone, scannerDone, healthDone chan struct{}
+	stopLease, stopScanner, stopHealth, stopEvents context.CancelFunc
+	leaseDone, scannerDone, healthDone, eventsDone chan struct{}
 }
 
 func (s *Server) startBackground() {
@@ -28,6 +29,13 @@ func (s *Server) startBackground() {
 	b.stopLease = start(b.leaseDone, s.lease.Run)
 	b.stopScanner = start(b.scannerDone, s.scanner.Run)
 	b.stopHealth = start(b.healthDone, s.watchHealth)
+	b.eventsDone = make(chan struct{})
+	if s.libvirt != nil {
+		b.stopEvents = start(b.eventsDone, s.watchDomains)
+	} else {
+		b.stopEvents = func() {}
+		close(b.eventsDone)
+	}
 	s.bg = b
 }
 
@@ -36,7 +44,8 @@ func (s *Server) startBackground() {
 //  1. Stop admitting: health reports NOT_SERVING, mutations are refused
 //     (SHUTTING_DOWN, so clients retry elsewhere), and every open or new
 //     WaitOperation answers at once with the operation as it stands.
-//  2. The scanner stops (it would claim recoveries).
+//  2. The watcher of libvirt's domain events stops, then the scanner (it
+//     would claim recoveries).
 //  3. Jobs stop at their next step: their contexts are cancelled, steps held
 //     by the simulator return, and each is handed off (IN_PROGRESS, its
 //     cluster still held, for a live server to adopt at once; with
@@ -65,6 +74,8 @@ func (s *Server) shutdown() error {
 	s.ops.Drain()
 
 	if bg != nil {
+		bg.stopEvents()
+		<-bg.eventsDone
 		bg.stopScanner()
 		<-bg.scannerDone
 	}

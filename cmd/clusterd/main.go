@@ -113,6 +113,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.DurationVar(&cfg.PeerTimeout, "peer-timeout", lease.DefaultPeerTimeout, "a server whose heartbeat is older than this is dead: its running operations are adopted by a live server (failed, and their clusters recovered, with --on-owner-loss=fail or past --max-operation-attempts)")
 	fs.DurationVar(&cfg.ScanInterval, "scan-interval", scanner.DefaultScanInterval, "how often liveness and orphan recovery run")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often resting clusters are reconciled against the infrastructure")
+	fs.DurationVar(&cfg.OrphanMachineGrace, "orphan-machine-grace", scanner.DefaultOrphanMachineGrace, "with --infra libvirt, a domain of a destroyed or unknown cluster (in this server's storage pool) older than this is removed")
 	fs.DurationVar(&cfg.JobRetention, "job-retention", 7*24*time.Hour, "finished operations, and the simulator's log of infrastructure calls, are purged after this")
 	fs.StringVar(&cfg.OnOwnerLoss, "on-owner-loss", server.OnOwnerLossResume, "what becomes of a running operation whose server stops or dies: resume (handed off on a graceful stop, adopted by a live server and run on from its last step) or fail (failed, its cluster recovered)")
 	fs.IntVar(&cfg.MaxOperationAttempts, "max-operation-attempts", 3, "with --on-owner-loss=resume, an operation that has run this many times fails when its server is lost again")

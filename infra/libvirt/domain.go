@@ -89,7 +89,7 @@ func (d *Driver) read(ctx context.Context, id string) (domain, error) {
 	if err := ctx.Err(); err != nil {
 		return domain{}, err
 	}
-	dom, err := d.lv.DomainLookupByName(DomainName(id))
+	dom, err := d.conn().DomainLookupByName(DomainName(id))
 	if libvirtCode(err) == golibvirt.ErrNoDomain {
 		return domain{}, fmt.Errorf("machine %s: %w", id, errNoDomain)
 	}
@@ -106,7 +106,7 @@ func (d *Driver) read(ctx context.Context, id string) (domain, error) {
 // metaOf reads clusterd's metadata of dom; a domain without it is
 // infra.ErrNotFound (not clusterd's machine).
 func (d *Driver) metaOf(dom golibvirt.Domain) (meta, error) {
-	s, err := d.lv.DomainGetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{MetadataNamespace}, golibvirt.DomainAffectConfig)
+	s, err := d.conn().DomainGetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{MetadataNamespace}, golibvirt.DomainAffectConfig)
 	switch {
 	case libvirtCode(err) == golibvirt.ErrNoDomainMetadata:
 		return meta{}, fmt.Errorf("domain %s has no clusterd metadata: %w", dom.Name, infra.ErrNotFound)
@@ -138,7 +138,7 @@ func (d *Driver) writeMeta(ctx context.Context, dom golibvirt.Domain, m meta) er
 	} else if running {
 		flags |= golibvirt.DomainAffectLive
 	}
-	if err := d.lv.DomainSetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{el},
+	if err := d.conn().DomainSetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{el},
 		golibvirt.OptString{MetadataPrefix}, golibvirt.OptString{MetadataNamespace}, flags); err != nil {
 		return fmt.Errorf("write metadata of domain %s: %w", dom.Name, err)
 	}
@@ -160,7 +160,7 @@ func (d *Driver) power(dom golibvirt.Domain) (infra.Power, error) {
 // running says whether the domain's guest runs (running, blocked in the
 // hypervisor, or paused).
 func (d *Driver) running(dom golibvirt.Domain) (bool, error) {
-	state, _, err := d.lv.DomainGetState(dom, 0)
+	state, _, err := d.conn().DomainGetState(dom, 0)
 	if err != nil {
 		return false, fmt.Errorf("state of domain %s: %w", dom.Name, err)
 	}
@@ -178,7 +178,7 @@ func (d *Driver) Machines(ctx context.Context, clusterIDs ...string) ([]infra.Ma
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	doms, _, err := d.lv.ConnectListAllDomains(1, 0)
+	doms, _, err := d.conn().ConnectListAllDomains(1, 0)
 	if err != nil {
 		return nil, fmt.Errorf("list domains: %w", err)
 	}

@@ -156,9 +156,18 @@ type Config struct {
 // Driver implements infra.Infrastructure on libvirt. It is safe for
 // concurrent use; Close releases its connections.
 type Driver struct {
-	lv       *golibvirt.Libvirt
-	filters  *golibvirt.Libvirt // lv, or a connection of its own (Config.FilterURI)
-	uri      string
+	// lv and filters (lv, or a connection of its own: Config.FilterURI)
+	// are read through conn and filterConn: redial replaces them.
+	connMu  sync.RWMutex
+	lv      *golibvirt.Libvirt
+	filters *golibvirt.Libvirt
+	uri     string
+	// url is uri parsed, and filterURL filters' URI when it is a
+	// connection of its own (else nil), to dial again.
+	url       *url.URL
+	filterURL *url.URL
+	// dialMu serialises redials.
+	dialMu   sync.Mutex
 	poolDir  string
 	pool     string
 	kernel   string
@@ -227,6 +236,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("libvirt driver: URI %q: %w", d.uri, err)
 	}
 	test := strings.HasPrefix(u.Scheme, "test")
+	d.url = u
 	d.lv, err = golibvirt.ConnectToURI(u)
 	if err != nil {
 		return nil, fmt.Errorf("libvirt driver: connect to %s: %w", d.uri, err)
@@ -239,6 +249,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if filterURI != "" && filterURI != d.uri {
 		fu, err := url.Parse(filterURI)
 		if err == nil {
+			d.filterURL = fu
 			d.filters, err = golibvirt.ConnectToURI(fu)
 		}
 		if err != nil {
@@ -259,15 +270,66 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 
 // Close disconnects from libvirt (and from the agents).
 func (d *Driver) Close() error {
-	err := d.lv.Disconnect()
+	err := d.conn().Disconnect()
 	if c, ok := d.agents.(*SocketAgents); ok && d.ownAgents {
 		err = errors.Join(err, c.Close())
 	}
-	if d.filters != d.lv {
-		err = errors.Join(err, d.filters.Disconnect())
+	if d.filterURL != nil {
+		err = errors.Join(err, d.filterConn().Disconnect())
 	}
 	if err != nil {
 		return fmt.Errorf("libvirt driver: disconnect: %w", err)
+	}
+	return nil
+}
+
+// conn is the driver's connection to libvirt.
+func (d *Driver) conn() *golibvirt.Libvirt {
+	d.connMu.RLock()
+	defer d.connMu.RUnlock()
+	return d.lv
+}
+
+// filterConn is the connection network filters are kept on.
+func (d *Driver) filterConn() *golibvirt.Libvirt {
+	d.connMu.RLock()
+	defer d.connMu.RUnlock()
+	return d.filters
+}
+
+// redial replaces the driver's connections that were lost (a libvirtd
+// restart) by new ones: the steps from then on use them; a step that ran
+// while one was down failed with a connection error, and its job retries
+// or fails as for any infrastructure error. (go-libvirt can connect a
+// client again in place, but not while other goroutines use it.)
+func (d *Driver) redial() error {
+	d.dialMu.Lock()
+	defer d.dialMu.Unlock()
+	if lv := d.conn(); !lv.IsConnected() {
+		n, err := golibvirt.ConnectToURI(d.url)
+		if err != nil {
+			return fmt.Errorf("libvirt driver: connect to %s again: %w", d.uri, err)
+		}
+		d.connMu.Lock()
+		if d.filterURL == nil {
+			d.filters = n
+		}
+		d.lv = n
+		d.connMu.Unlock()
+		d.log.Info("connected to libvirt again", "uri", d.uri)
+	}
+	if d.filterURL == nil {
+		return nil
+	}
+	if f := d.filterConn(); !f.IsConnected() {
+		n, err := golibvirt.ConnectToURI(d.filterURL)
+		if err != nil {
+			return fmt.Errorf("libvirt driver: connect to %s again for network filters: %w", d.filterURL, err)
+		}
+		d.connMu.Lock()
+		d.filters = n
+		d.connMu.Unlock()
+		d.log.Info("connected to libvirt again", "uri", d.filterURL.String())
 	}
 	return nil
 }

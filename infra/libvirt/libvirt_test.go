@@ -67,7 +67,9 @@ type env struct {
 	d     *libvirt.Driver
 	store *repository.Store
 	raw   *golibvirt.Libvirt
-	pool  string
+	// filters is a raw connection to where the driver keeps network filters.
+	filters *golibvirt.Libvirt
+	pool    string
 	record
 }
 
@@ -92,9 +94,16 @@ func dial(t *testing.T, uri string) *golibvirt.Libvirt {
 
 func newEnv(t *testing.T, guard libvirt.Guard) *env {
 	t.Helper()
+	return newEnvOn(t, repotest.Backends(t)[0], guard)
+}
+
+// newEnvOn is newEnv with its store on backend b.
+func newEnvOn(t *testing.T, b repotest.Backend, guard libvirt.Guard) *env {
+	t.Helper()
 	e := &env{raw: dial(t, testURI()), pool: "clusterd-test-" + uuid.NewString()[:8]}
 	filters := dial(t, "qemu:///system")
-	e.store = repotest.Open(t, repotest.Backends(t)[0])
+	e.filters = filters
+	e.store = repotest.Open(t, b)
 	if guard == nil {
 		guard = storeGuard(e.store)
 	}

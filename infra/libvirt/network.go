@@ -35,14 +35,14 @@ func (d *Driver) filter(ctx context.Context, clusterID string) (f libvirtxml.NWF
 		return f, false, err
 	}
 	name := FilterName(clusterID)
-	nf, err := d.filters.NwfilterLookupByName(name)
+	nf, err := d.filterConn().NwfilterLookupByName(name)
 	if libvirtCode(err) == golibvirt.ErrNoNwfilter {
 		return f, false, nil
 	}
 	if err != nil {
 		return f, false, fmt.Errorf("look up network filter %s: %w", name, err)
 	}
-	s, err := d.filters.NwfilterGetXMLDesc(nf, 0)
+	s, err := d.filterConn().NwfilterGetXMLDesc(nf, 0)
 	if libvirtCode(err) == golibvirt.ErrNoNwfilter {
 		return f, false, nil
 	}
@@ -127,7 +127,7 @@ func (d *Driver) ConfigureNetwork(ctx context.Context, c infra.Call, want []infr
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if _, err := d.filters.NwfilterDefineXML(x); err != nil {
+		if _, err := d.filterConn().NwfilterDefineXML(x); err != nil {
 			return fmt.Errorf("%s: define network filter %s: %w", step, name, err)
 		}
 	}
@@ -174,9 +174,9 @@ func (d *Driver) undefineFilter(ctx context.Context, clusterID string) error {
 		return err
 	}
 	name := FilterName(clusterID)
-	nf, err := d.filters.NwfilterLookupByName(name)
+	nf, err := d.filterConn().NwfilterLookupByName(name)
 	if err == nil {
-		err = d.filters.NwfilterUndefine(nf)
+		err = d.filterConn().NwfilterUndefine(nf)
 	}
 	if err != nil && libvirtCode(err) != golibvirt.ErrNoNwfilter {
 		return fmt.Errorf("undefine network filter %s: %w", name, err)

@@ -64,7 +64,7 @@ func (d *Driver) SetMachinePower(ctx context.Context, id string, p infra.Power) 
 	} else if running, rerr := d.running(dm.dom); rerr != nil {
 		err = rerr
 	} else if running {
-		err = d.lv.DomainDestroy(dm.dom)
+		err = d.conn().DomainDestroy(dm.dom)
 	}
 	if err != nil {
 		return infra.Machine{}, fmt.Errorf("set power of machine %s: %w", id, err)

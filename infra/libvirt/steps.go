@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -84,7 +83,7 @@ func (d *Driver) define(ctx context.Context, m meta, off Offering) (domain, erro
 	if err := ctx.Err(); err != nil {
 		return domain{}, err
 	}
-	dom, err := d.lv.DomainDefineXML(x)
+	dom, err := d.conn().DomainDefineXML(x)
 	if err != nil {
 		return domain{}, fmt.Errorf("define domain %s: %w", DomainName(m.ID), err)
 	}
@@ -100,7 +99,7 @@ func (d *Driver) start(ctx context.Context, dom golibvirt.Domain) error {
 	if err != nil || running {
 		return err
 	}
-	if err := d.lv.DomainCreate(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
+	if err := d.conn().DomainCreate(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
 		return fmt.Errorf("start domain %s: %w", dom.Name, err)
 	}
 	return nil
@@ -191,7 +190,7 @@ func (d *Driver) stop(ctx context.Context, dom golibvirt.Domain) error {
 	}
 	// A guest that cannot be asked (paused, or stopped meanwhile) is
 	// destroyed at once; destroying a stopped one is a no-op.
-	if err := d.lv.DomainShutdown(dom); err != nil {
+	if err := d.conn().DomainShutdown(dom); err != nil {
 		d.log.Info("graceful shutdown refused; destroying", "domain", dom.Name, "error", err)
 	} else {
 		deadline := time.NewTimer(d.shutdown)
@@ -213,7 +212,7 @@ func (d *Driver) stop(ctx context.Context, dom golibvirt.Domain) error {
 			}
 		}
 	}
-	if err := d.lv.DomainDestroy(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
+	if err := d.conn().DomainDestroy(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
 		return fmt.Errorf("destroy domain %s: %w", dom.Name, err)
 	}
 	return nil
@@ -249,7 +248,7 @@ func (d *Driver) redefine(ctx context.Context, dom golibvirt.Domain, edit func(*
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s, err := d.lv.DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive|golibvirt.DomainXMLSecure)
+	s, err := d.conn().DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive|golibvirt.DomainXMLSecure)
 	if err != nil {
 		return fmt.Errorf("read definition of domain %s: %w", dom.Name, err)
 	}
@@ -265,7 +264,7 @@ func (d *Driver) redefine(ctx context.Context, dom golibvirt.Domain, edit func(*
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if _, err := d.lv.DomainDefineXML(out); err != nil {
+	if _, err := d.conn().DomainDefineXML(out); err != nil {
 		return fmt.Errorf("redefine domain %s: %w", dom.Name, err)
 	}
 	return nil
@@ -317,7 +316,7 @@ func (d *Driver) media(ctx context.Context, dm *domain, iso, path string) error 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		err = d.lv.DomainUpdateDeviceFlags(dm.dom, x, golibvirt.DomainDeviceModifyLive|golibvirt.DomainDeviceModifyForce)
+		err = d.conn().DomainUpdateDeviceFlags(dm.dom, x, golibvirt.DomainDeviceModifyLive|golibvirt.DomainDeviceModifyForce)
 		if err != nil && libvirtCode(err) != golibvirt.ErrNoSupport {
 			return fmt.Errorf("change cdrom of running domain %s: %w", dm.dom.Name, err)
 		}
@@ -472,32 +471,12 @@ func (d *Driver) DestroyMachine(ctx context.Context, c infra.Call) error {
 	if err := d.fence(ctx, step, c, "before"); err != nil {
 		return err
 	}
-	err := d.changeLocked(ctx, step, c, false, func(dm *domain) error {
-		if err := d.lv.DomainDestroy(dm.dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid && libvirtCode(err) != golibvirt.ErrNoDomain {
-			return fmt.Errorf("destroy domain %s: %w", dm.dom.Name, err)
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := d.lv.DomainUndefineFlags(dm.dom, golibvirt.DomainUndefineManagedSave); err != nil && libvirtCode(err) != golibvirt.ErrNoDomain {
-			return fmt.Errorf("undefine domain %s: %w", dm.dom.Name, err)
-		}
-		return nil
-	})
+	err := d.changeLocked(ctx, step, c, false, func(dm *domain) error { return d.undefine(ctx, *dm) })
 	if err != nil && !errors.Is(err, infra.ErrNotFound) {
 		return err
 	}
 	// Gone or just undefined: what it leaves behind goes too.
-	if err := d.deleteStateVolume(ctx, c.MachineID); err != nil {
-		return fmt.Errorf("%s: %w", step, err)
-	}
-	if err := os.Remove(AgentSocket(d.poolDir, c.MachineID)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%s: remove agent socket: %w", step, err)
-	}
-	if f, ok := d.agents.(interface{ Forget(string) }); ok {
-		f.Forget(c.MachineID)
-	}
-	if err := d.dropFilterIfLast(ctx, c.ClusterID); err != nil {
+	if err := d.leftovers(ctx, c.MachineID, c.ClusterID); err != nil {
 		return fmt.Errorf("%s: %w", step, err)
 	}
 	if err := d.fence(ctx, step, c, "after"); err != nil {

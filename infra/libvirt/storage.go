@@ -25,19 +25,19 @@ func (d *Driver) storagePool(ctx context.Context) (golibvirt.StoragePool, error)
 	if err := ctx.Err(); err != nil {
 		return golibvirt.StoragePool{}, err
 	}
-	p, err := d.lv.StoragePoolLookupByName(d.pool)
+	p, err := d.conn().StoragePoolLookupByName(d.pool)
 	if libvirtCode(err) == golibvirt.ErrNoStoragePool {
 		x, merr := (&libvirtxml.StoragePool{Type: "dir", Name: d.pool, Target: &libvirtxml.StoragePoolTarget{Path: d.poolDir}}).Marshal()
 		if merr != nil {
 			return golibvirt.StoragePool{}, fmt.Errorf("encode storage pool %s: %w", d.pool, merr)
 		}
-		p, err = d.lv.StoragePoolDefineXML(x, 0)
+		p, err = d.conn().StoragePoolDefineXML(x, 0)
 		if err != nil {
 			// Another server may have defined it meanwhile.
-			p, err = d.lv.StoragePoolLookupByName(d.pool)
+			p, err = d.conn().StoragePoolLookupByName(d.pool)
 		}
 		if err == nil {
-			_ = d.lv.StoragePoolSetAutostart(p, 1)
+			_ = d.conn().StoragePoolSetAutostart(p, 1)
 		}
 	}
 	if err != nil {
@@ -46,12 +46,12 @@ func (d *Driver) storagePool(ctx context.Context) (golibvirt.StoragePool, error)
 	if d.poolReady {
 		return p, nil
 	}
-	active, err := d.lv.StoragePoolIsActive(p)
+	active, err := d.conn().StoragePoolIsActive(p)
 	if err != nil {
 		return golibvirt.StoragePool{}, fmt.Errorf("storage pool %s: %w", d.pool, err)
 	}
 	if active == 0 {
-		if err := d.lv.StoragePoolCreate(p, 0); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
+		if err := d.conn().StoragePoolCreate(p, 0); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
 			return golibvirt.StoragePool{}, fmt.Errorf("start storage pool %s: %w", d.pool, err)
 		}
 	}
@@ -67,7 +67,7 @@ func (d *Driver) stateVolume(ctx context.Context, id string) (string, error) {
 		return "", err
 	}
 	name := volumeName(id)
-	v, err := d.lv.StorageVolLookupByName(p, name)
+	v, err := d.conn().StorageVolLookupByName(p, name)
 	if libvirtCode(err) == golibvirt.ErrNoStorageVol {
 		x, merr := (&libvirtxml.StorageVolume{
 			Type: "file", Name: name,
@@ -77,9 +77,9 @@ func (d *Driver) stateVolume(ctx context.Context, id string) (string, error) {
 		if merr != nil {
 			return "", fmt.Errorf("encode volume %s: %w", name, merr)
 		}
-		v, err = d.lv.StorageVolCreateXML(p, x, 0)
+		v, err = d.conn().StorageVolCreateXML(p, x, 0)
 		if err != nil {
-			if again, lerr := d.lv.StorageVolLookupByName(p, name); lerr == nil {
+			if again, lerr := d.conn().StorageVolLookupByName(p, name); lerr == nil {
 				v, err = again, nil // created concurrently
 			}
 		}
@@ -87,7 +87,7 @@ func (d *Driver) stateVolume(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("state volume %s: %w", name, err)
 	}
-	path, err := d.lv.StorageVolGetPath(v)
+	path, err := d.conn().StorageVolGetPath(v)
 	if err != nil {
 		return "", fmt.Errorf("path of volume %s: %w", name, err)
 	}
@@ -100,12 +100,12 @@ func (d *Driver) deleteStateVolume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	v, err := d.lv.StorageVolLookupByName(p, volumeName(id))
+	v, err := d.conn().StorageVolLookupByName(p, volumeName(id))
 	if libvirtCode(err) == golibvirt.ErrNoStorageVol {
 		return nil
 	}
 	if err == nil {
-		err = d.lv.StorageVolDelete(v, 0)
+		err = d.conn().StorageVolDelete(v, 0)
 	}
 	if err != nil && libvirtCode(err) != golibvirt.ErrNoStorageVol {
 		return fmt.Errorf("delete volume %s: %w", volumeName(id), err)
