@@ -15,12 +15,15 @@ import (
 )
 
 // The libvirt driver passes the drivers' conformance suite on libvirt's
-// test driver, fenced by a repository on every backend the tests have.
+// test driver, fenced by a repository on SQLite. The repository's guard is
+// the same code on every backend, and the simulator's conformance run
+// covers MariaDB; here the driver is under test, and one backend halves a
+// run that takes minutes on a loaded machine.
 // Each group of cases gets a driver and storage pool of its own; its
 // clean-up removes every domain, volume and network filter the group
 // named, and fails the group if any of them is still there afterwards.
 func TestConformance(t *testing.T) {
-	for _, b := range repotest.Backends(t) {
+	for _, b := range repotest.Backends(t)[:1] {
 		t.Run(b.Name, func(t *testing.T) {
 			infratest.Run(t, func(t *testing.T) infratest.Harness {
 				e := newEnvOn(t, b, nil)
