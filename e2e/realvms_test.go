@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -158,11 +159,7 @@ func TestRealVMs(t *testing.T) {
 // subset reports whether every element of a is in b.
 func subset(a, b []string) bool {
 	for _, x := range a {
-		found := false
-		for _, y := range b {
-			found = found || x == y
-		}
-		if !found {
+		if !slices.Contains(b, x) {
 			return false
 		}
 	}
