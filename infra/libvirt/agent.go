@@ -87,6 +87,11 @@ type SocketAgents struct {
 	// is sent again (default 10s); a guest still booting answers the
 	// sending it reads first.
 	Retry time.Duration
+	// FirstRetry is Retry on a connection that has not answered yet
+	// (default 1s): a request that reaches a guest whose agent is closing
+	// its port (it reopens it every 200 ms while no host is connected) is
+	// lost, and a new connection's first request may.
+	FirstRetry time.Duration
 	// Idle is how long a machine's connection is kept after its last
 	// answer (default 2s): the requests of one step reuse it, and the
 	// guest's agent has reopened its port well before a request on the
@@ -103,6 +108,8 @@ type agentConn struct {
 	mu   sync.Mutex
 	conn net.Conn
 	r    *bufio.Reader
+	// answered: the connection has carried an answer.
+	answered bool
 	// uses counts requests; idle closes the connection unless a request
 	// came after the one that armed it.
 	uses uint64
@@ -111,7 +118,7 @@ type agentConn struct {
 
 // NewSocketAgents returns agents reached through the sockets in dir.
 func NewSocketAgents(dir string) *SocketAgents {
-	return &SocketAgents{dir: dir, Retry: 10 * time.Second, Idle: 2 * time.Second, conns: map[string]*agentConn{}}
+	return &SocketAgents{dir: dir, Retry: 10 * time.Second, FirstRetry: time.Second, Idle: 2 * time.Second, conns: map[string]*agentConn{}}
 }
 
 func (a *SocketAgents) machine(id string) *agentConn {
@@ -158,7 +165,7 @@ func (c *agentConn) close() {
 	}
 	if c.conn != nil {
 		_ = c.conn.Close()
-		c.conn, c.r = nil, nil
+		c.conn, c.r, c.answered = nil, nil, false
 	}
 }
 
@@ -190,7 +197,11 @@ func (a *SocketAgents) Do(ctx context.Context, machineID string, req AgentReques
 		c.mu.Unlock()
 	}()
 	for {
-		resp, err := c.send(ctx, filepath.Join(a.dir, DomainName(machineID)+".agent"), line, req.ID, a.Retry)
+		wait := a.Retry
+		if !c.answered && a.FirstRetry > 0 {
+			wait = min(wait, a.FirstRetry)
+		}
+		resp, err := c.send(ctx, filepath.Join(a.dir, DomainName(machineID)+".agent"), line, req.ID, wait)
 		if err == nil {
 			return answer(machineID, req, resp)
 		}
@@ -245,6 +256,7 @@ func (c *agentConn) send(ctx context.Context, path string, line []byte, id int64
 		if err := json.Unmarshal(b, &resp); err != nil || resp.ID != id {
 			continue // an answer to an earlier sending, or a line that is not one
 		}
+		c.answered = true
 		return resp, nil
 	}
 }
