@@ -350,7 +350,16 @@ func (s *server) vmSucceed(t *testing.T, what string, op *longrunningpb.Operatio
 	if e := done.GetError(); e != nil {
 		t.Fatalf("%s (%s) failed: code %d: %s", what, done.GetName(), e.GetCode(), e.GetMessage())
 	}
-	t.Logf("%s: %s", what, time.Since(began).Round(100*time.Millisecond))
+	end := time.Now()
+	var steps []string
+	for i, st := range seen {
+		next := end
+		if i+1 < len(seen) {
+			next = seen[i+1].at
+		}
+		steps = append(steps, fmt.Sprintf("%s %s", st.step, next.Sub(st.at).Round(10*time.Millisecond)))
+	}
+	t.Logf("%s: %s (%s)", what, end.Sub(began).Round(100*time.Millisecond), strings.Join(steps, ", "))
 	return done, seen
 }
 
