@@ -19,7 +19,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/clusterd/clusterd/version.version=$(VERSION) -X github.com/clusterd/clusterd/version.commit=$(COMMIT)
 
-.PHONY: all tools generate check-generated lint build run test fuzz chaos chaos-galera mariadb chromium libvirt openapi-validator bench clean clients node-image node-image-or-skip
+.PHONY: all tools generate check-generated lint build run test fuzz chaos chaos-galera mariadb chromium libvirt openapi-validator bench bench-vms clean clients node-image node-image-or-skip
 
 all: lint build test
 
@@ -163,6 +163,16 @@ BENCHCOUNT ?= 3
 bench: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  go test -run '^$$' -bench . -benchtime 1s -count $(BENCHCOUNT) -timeout 90m ./bench -args -bench.plot $(CURDIR)/docs/scanner-pass.png
+
+## bench-vms: time creates of real-VM clusters (1+1 and 1+3 nodes: four
+## QEMU guests, so not in make test) on qemu:///system, each step's time,
+## and the same creates on libvirt's test driver (clusterd's own time
+## without guests); BENCHVMRUNS runs of each (default 3). See BENCHMARKS.md.
+BENCHVMRUNS ?= 3
+bench-vms: mariadb libvirt node-image
+	set -o pipefail; CLUSTERD_BENCH_VMS=1 CLUSTERD_BENCH_VMS_RUNS=$(BENCHVMRUNS) \
+	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
+	  go test -count=1 -timeout 90m -run '^TestRealVMBench$$' -v ./e2e 2>&1 | grep -vE '^\s*=== (RUN|PAUSE|CONT)'
 
 clean:
 	rm -rf bin build clusterd.db clusterd.db-wal clusterd.db-shm clients/*/gen clients/java/build clients/typescript/dist test-artifacts

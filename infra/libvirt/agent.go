@@ -71,9 +71,13 @@ var ErrAgent = errors.New("node agent refused")
 
 // SocketAgents talks to each machine's agent over the host end of its
 // channel, <dir>/clusterd-<machine>.agent, keeping one connection per
-// machine: the guest's end is a single port, which drops what it has not
-// read when a host connection ends, so a connection per request could lose
-// the next request in that moment. A request unanswered for Retry is sent
+// machine while it is in use: the guest's end is a single port, which drops
+// what it has not read when a host connection ends, so a connection per
+// request could lose the next request in that moment. The connection is
+// closed once idle for Idle: QEMU serves one connection to the socket at a
+// time, so a connection kept open would keep every other clusterd server
+// sharing the libvirtd (a peer adopting an operation, or running the next
+// one) from the machine's agent. A request unanswered for Retry is sent
 // again, on a new connection when its connection broke, until ctx ends:
 // every agent request is idempotent, and an answer to an earlier sending
 // is told apart by its id. Close closes the connections.
@@ -83,6 +87,16 @@ type SocketAgents struct {
 	// is sent again (default 10s); a guest still booting answers the
 	// sending it reads first.
 	Retry time.Duration
+	// FirstRetry is Retry on a connection that has not answered yet
+	// (default 1s): a request that reaches a guest whose agent is closing
+	// its port (it reopens it every 200 ms while no host is connected) is
+	// lost, and a new connection's first request may.
+	FirstRetry time.Duration
+	// Idle is how long a machine's connection is kept after its last
+	// answer (default 2s): the requests of one step reuse it, and the
+	// guest's agent has reopened its port well before a request on the
+	// next connection arrives.
+	Idle  time.Duration
 	ids   atomic.Int64
 	mu    sync.Mutex
 	conns map[string]*agentConn
@@ -94,11 +108,17 @@ type agentConn struct {
 	mu   sync.Mutex
 	conn net.Conn
 	r    *bufio.Reader
+	// answered: the connection has carried an answer.
+	answered bool
+	// uses counts requests; idle closes the connection unless a request
+	// came after the one that armed it.
+	uses uint64
+	idle *time.Timer
 }
 
 // NewSocketAgents returns agents reached through the sockets in dir.
 func NewSocketAgents(dir string) *SocketAgents {
-	return &SocketAgents{dir: dir, Retry: 10 * time.Second, conns: map[string]*agentConn{}}
+	return &SocketAgents{dir: dir, Retry: 10 * time.Second, FirstRetry: time.Second, Idle: 2 * time.Second, conns: map[string]*agentConn{}}
 }
 
 func (a *SocketAgents) machine(id string) *agentConn {
@@ -140,9 +160,12 @@ func (a *SocketAgents) Close() error {
 }
 
 func (c *agentConn) close() {
+	if c.idle != nil {
+		c.idle.Stop()
+	}
 	if c.conn != nil {
 		_ = c.conn.Close()
-		c.conn, c.r = nil, nil
+		c.conn, c.r, c.answered = nil, nil, false
 	}
 }
 
@@ -156,9 +179,29 @@ func (a *SocketAgents) Do(ctx context.Context, machineID string, req AgentReques
 	line = append(line, '\n')
 	c := a.machine(machineID)
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.uses++
+	if c.idle != nil {
+		c.idle.Stop()
+	}
+	defer func() {
+		if c.conn != nil {
+			use := c.uses
+			c.idle = time.AfterFunc(a.Idle, func() {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				if c.uses == use {
+					c.close()
+				}
+			})
+		}
+		c.mu.Unlock()
+	}()
 	for {
-		resp, err := c.send(ctx, filepath.Join(a.dir, DomainName(machineID)+".agent"), line, req.ID, a.Retry)
+		wait := a.Retry
+		if !c.answered && a.FirstRetry > 0 {
+			wait = min(wait, a.FirstRetry)
+		}
+		resp, err := c.send(ctx, filepath.Join(a.dir, DomainName(machineID)+".agent"), line, req.ID, wait)
 		if err == nil {
 			return answer(machineID, req, resp)
 		}
@@ -213,6 +256,7 @@ func (c *agentConn) send(ctx context.Context, path string, line []byte, id int64
 		if err := json.Unmarshal(b, &resp); err != nil || resp.ID != id {
 			continue // an answer to an earlier sending, or a line that is not one
 		}
+		c.answered = true
 		return resp, nil
 	}
 }

@@ -162,3 +162,95 @@ func TestSocketAgentsSendAgainWhatGotNoAnswer(t *testing.T) {
 		t.Fatalf("status after a lost sending: %+v, %v", resp, err)
 	}
 }
+
+// TestSocketAgentsLetGoOfAnIdleMachine: a guest's channel serves one host
+// connection at a time (QEMU accepts no other while one is open), so two
+// clusterd servers sharing a libvirtd take turns: once the first has been
+// idle for its Idle, its connection is closed and the second server's
+// request, waiting meanwhile, is answered.
+func TestSocketAgentsLetGoOfAnIdleMachine(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, "m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// Served until the host closes it; the next waits in the backlog.
+			sc := bufio.NewScanner(conn)
+			for sc.Scan() {
+				var req libvirt.AgentRequest
+				_ = json.Unmarshal(sc.Bytes(), &req)
+				_ = json.NewEncoder(conn).Encode(libvirt.AgentResponse{ID: req.ID, OK: true, Status: libvirt.AgentStatus{Machine: "m1"}})
+			}
+			conn.Close()
+		}
+	}()
+	first, second := libvirt.NewSocketAgents(dir), libvirt.NewSocketAgents(dir)
+	first.Idle = 100 * time.Millisecond
+	t.Cleanup(func() { _ = first.Close(); _ = second.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 2 {
+		if _, err := first.Do(ctx, "m1", libvirt.AgentRequest{Op: libvirt.OpStatus}); err != nil {
+			t.Fatalf("the first server's request %d: %v", i, err)
+		}
+	}
+	if resp, err := second.Do(ctx, "m1", libvirt.AgentRequest{Op: libvirt.OpStatus}); err != nil || resp.Status.Machine != "m1" {
+		t.Fatalf("the second server's request, once the first is idle: %+v, %v", resp, err)
+	}
+}
+
+// TestSocketAgentsSendAgainSoonOnANewConnection: the first request on a
+// new connection may reach a guest whose agent is closing its port, and
+// be lost; it is sent again after FirstRetry, not Retry, and answered.
+func TestSocketAgentsSendAgainSoonOnANewConnection(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, "m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			sc := bufio.NewScanner(conn)
+			for n := 0; sc.Scan(); n++ {
+				if n == 0 {
+					continue // lost: each connection's first line
+				}
+				var req libvirt.AgentRequest
+				_ = json.Unmarshal(sc.Bytes(), &req)
+				_ = json.NewEncoder(conn).Encode(libvirt.AgentResponse{ID: req.ID, OK: true, Status: libvirt.AgentStatus{Machine: "m1"}})
+			}
+			conn.Close()
+		}
+	}()
+	a := libvirt.NewSocketAgents(dir)
+	a.Retry, a.FirstRetry, a.Idle = time.Hour, 50*time.Millisecond, 50*time.Millisecond
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 2 {
+		if i == 1 {
+			time.Sleep(200 * time.Millisecond) // idle: the next request dials again
+		}
+		if resp, err := a.Do(ctx, "m1", libvirt.AgentRequest{Op: libvirt.OpStatus}); err != nil || resp.Status.Machine != "m1" {
+			t.Fatalf("request %d, its first sending lost: %+v, %v", i, resp, err)
+		}
+	}
+}
