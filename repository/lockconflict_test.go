@@ -135,7 +135,11 @@ func TestDeadlockVictimIsRetriedNotAConflict(t *testing.T) {
 	mysqlOnly(t, func(t *testing.T, dsn string) {
 		ctx := ctxT(t)
 		r := newRetries()
-		s, err := repository.Open(ctx, dsn, repository.WithRetryHook(r.hook))
+		// A lock wait far longer than the test: on a loaded machine, the
+		// polls below until the job's end waits, and closing the cycle, once
+		// took longer than the default 5 s, and the wait timed out (1205)
+		// before there was a deadlock to pick a victim of.
+		s, err := repository.Open(ctx, dsn+"?innodb_lock_wait_timeout=600", repository.WithRetryHook(r.hook))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -104,6 +104,11 @@ exec </dev/console >/dev/console 2>&1
 for m in ${modules[*]}; do
 	modprobe "\$m" || echo "init: modprobe \$m failed"
 done
+# The host swaps the version's ISO while the guest runs: the kernel must
+# neither lock the tray while the agent reads the cdrom nor close it when the
+# agent opens the device (QEMU then refuses the swap: "Tray ... is not open").
+echo 0 >/proc/sys/dev/cdrom/lock || echo "init: cdrom lock not set"
+echo 0 >/proc/sys/dev/cdrom/autoclose || echo "init: cdrom autoclose not set"
 echo "init: modules loaded; starting clusterd-agent"
 exec /bin/clusterd-agent
 EOF

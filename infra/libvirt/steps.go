@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -316,7 +317,7 @@ func (d *Driver) media(ctx context.Context, dm *domain, iso, path string) error 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		err = d.conn().DomainUpdateDeviceFlags(dm.dom, x, golibvirt.DomainDeviceModifyLive|golibvirt.DomainDeviceModifyForce)
+		err = d.changeMedia(ctx, dm, x)
 		if err != nil && libvirtCode(err) != golibvirt.ErrNoSupport {
 			return fmt.Errorf("change cdrom of running domain %s: %w", dm.dom.Name, err)
 		}
@@ -326,6 +327,25 @@ func (d *Driver) media(ctx context.Context, dm *domain, iso, path string) error 
 	}
 	dm.meta.ISO = iso
 	return d.writeMeta(ctx, dm.dom, dm.meta)
+}
+
+// changeMedia swaps the cdrom of a running domain. The guest may close the
+// tray between QEMU's opening it and removing the medium (a kernel that
+// closes the tray when the cdrom is opened, or locks it while it is read):
+// QEMU then refuses with "Tray ... is not open", and the swap is tried again,
+// up to 10 times, 300 ms apart.
+func (d *Driver) changeMedia(ctx context.Context, dm *domain, xml string) error {
+	for try := 1; ; try++ {
+		err := d.conn().DomainUpdateDeviceFlags(dm.dom, xml, golibvirt.DomainDeviceModifyLive|golibvirt.DomainDeviceModifyForce)
+		if err == nil || try == 10 || !strings.Contains(err.Error(), "Tray") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
 }
 
 // agent sends req to the machine's agent, which must be running, and
