@@ -480,10 +480,9 @@ func TestWatchSeesOutOfBandPowerChanges(t *testing.T) {
 		_ = e.raw.DomainCreate(dom)
 		select {
 		case id := <-observed:
-			if id != c.id {
-				t.Fatalf("observed cluster %s; want %s", id, c.id)
-			}
-			seen = true
+			// Other tests' and other runs' domains on this libvirtd send
+			// events too: only this cluster's count.
+			seen = id == c.id
 		case <-time.After(200 * time.Millisecond):
 		case <-deadline:
 			t.Fatal("no event for a domain destroyed and started out of band")
