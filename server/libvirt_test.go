@@ -350,9 +350,19 @@ func TestLibvirtOrphanMachinesAreRemoved(t *testing.T) {
 	if p, err := raw.StoragePoolLookupByName(pool); err != nil {
 		t.Fatal(err)
 	} else {
+		// The volume goes after the domain (destroy, undefine, then the
+		// volume): wait for it too.
 		for id := range orphans {
-			if _, err := raw.StorageVolLookupByName(p, libvirt.DomainName(id)+".img"); err == nil {
-				t.Errorf("the volume of orphan machine %s is left", id)
+			for {
+				_, err := raw.StorageVolLookupByName(p, libvirt.DomainName(id)+".img")
+				if err != nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("the volume of orphan machine %s is left", id)
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
 		}
 	}
