@@ -158,6 +158,14 @@ func handleLine(cfg Config, line []byte) Response {
 	if err := json.Unmarshal(line, &req); err != nil {
 		return Response{Error: fmt.Sprintf("bad request: %v", err)}
 	}
+	return Handle(cfg, req)
+}
+
+// Handle runs one request against cfg's state as Serve does for a line, so
+// an in-process stand-in for a guest (libvirt's test driver runs none)
+// keeps exactly the agent's rules. It never fails: what goes wrong is the
+// response's error, and a refused request changes nothing.
+func Handle(cfg Config, req Request) Response {
 	st, err := loadState(cfg.State)
 	if err != nil {
 		return Response{ID: req.ID, Error: err.Error()}

@@ -12,58 +12,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/clusterd/clusterd/agent"
 )
-
-// Agent operations (AgentRequest.Op).
-const (
-	OpStatus     = "status"
-	OpJoin       = "join"
-	OpUpgrade    = "upgrade"
-	OpDrain      = "drain"
-	OpUncordon   = "uncordon"
-	OpLeave      = "leave"
-	OpKubeconfig = "kubeconfig"
-	OpDeploy     = "deploy"
-)
-
-// AgentRequest is one request to a node agent: one JSON object on a line.
-// join installs the version found on the attached ISO (an error if the ISO
-// holds another) and joins the cluster; upgrade does the same and
-// uncordons; leave removes the node from its cluster (delete_node); deploy
-// deploys Name ("provider" or "autoscaler").
-type AgentRequest struct {
-	ID      int64  `json:"id"`
-	Op      string `json:"op"`
-	Cluster string `json:"cluster,omitempty"`
-	Version string `json:"version,omitempty"`
-	Name    string `json:"name,omitempty"`
-}
-
-// AgentStatus is what a node agent reports of its node.
-type AgentStatus struct {
-	Machine    string `json:"machine"`
-	Cluster    string `json:"cluster"`
-	Version    string `json:"version"`
-	ISOVersion string `json:"iso_version"`
-	Joined     bool   `json:"joined"`
-	Cordoned   bool   `json:"cordoned"`
-}
-
-// AgentResponse answers the AgentRequest with the same ID: one JSON object
-// on a line.
-type AgentResponse struct {
-	ID         int64       `json:"id"`
-	OK         bool        `json:"ok"`
-	Error      string      `json:"error"`
-	Status     AgentStatus `json:"status"`
-	Kubeconfig string      `json:"kubeconfig"`
-}
 
 // Agents reaches the node agent of a machine. Do returns the agent's
 // response; a response that is not ok is an error carrying the agent's
 // message (ErrAgent).
 type Agents interface {
-	Do(ctx context.Context, machineID string, req AgentRequest) (AgentResponse, error)
+	Do(ctx context.Context, machineID string, req agent.Request) (agent.Response, error)
 }
 
 // ErrAgent: the node agent answered and refused the request.
@@ -97,7 +54,7 @@ type SocketAgents struct {
 	// guest's agent has reopened its port well before a request on the
 	// next connection arrives.
 	Idle  time.Duration
-	ids   atomic.Int64
+	ids   atomic.Uint64
 	mu    sync.Mutex
 	conns map[string]*agentConn
 }
@@ -170,11 +127,11 @@ func (c *agentConn) close() {
 }
 
 // Do sends req to machineID's agent and returns its answer; ctx bounds it.
-func (a *SocketAgents) Do(ctx context.Context, machineID string, req AgentRequest) (AgentResponse, error) {
+func (a *SocketAgents) Do(ctx context.Context, machineID string, req agent.Request) (agent.Response, error) {
 	req.ID = a.ids.Add(1)
 	line, err := json.Marshal(req)
 	if err != nil {
-		return AgentResponse{}, fmt.Errorf("agent of machine %s: encode %s: %w", machineID, req.Op, err)
+		return agent.Response{}, fmt.Errorf("agent of machine %s: encode %s: %w", machineID, req.Op, err)
 	}
 	line = append(line, '\n')
 	c := a.machine(machineID)
@@ -207,7 +164,7 @@ func (a *SocketAgents) Do(ctx context.Context, machineID string, req AgentReques
 		}
 		if ctx.Err() != nil {
 			c.close() // an answer may still come: not on this connection
-			return AgentResponse{}, fmt.Errorf("agent of machine %s: %s: %w (last: %v)", machineID, req.Op, ctx.Err(), err)
+			return agent.Response{}, fmt.Errorf("agent of machine %s: %s: %w (last: %v)", machineID, req.Op, ctx.Err(), err)
 		}
 		if !errors.Is(err, errNoAnswer) {
 			// Broken or refused connection: a new one, a little later.
@@ -225,12 +182,12 @@ var errNoAnswer = errors.New("no answer")
 
 // send writes line on the machine's connection (dialled when missing) and
 // reads until the answer with id, for at most wait.
-func (c *agentConn) send(ctx context.Context, path string, line []byte, id int64, wait time.Duration) (AgentResponse, error) {
+func (c *agentConn) send(ctx context.Context, path string, line []byte, id uint64, wait time.Duration) (agent.Response, error) {
 	if c.conn == nil {
 		var dialer net.Dialer
 		conn, err := dialer.DialContext(ctx, "unix", path)
 		if err != nil {
-			return AgentResponse{}, fmt.Errorf("dial %s: %w", path, err)
+			return agent.Response{}, fmt.Errorf("dial %s: %w", path, err)
 		}
 		c.conn, c.r = conn, bufio.NewReaderSize(conn, 64*1024)
 	}
@@ -242,17 +199,17 @@ func (c *agentConn) send(ctx context.Context, path string, line []byte, id int64
 	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if _, err := c.conn.Write(line); err != nil {
-		return AgentResponse{}, fmt.Errorf("send: %w", err)
+		return agent.Response{}, fmt.Errorf("send: %w", err)
 	}
 	for {
 		b, err := c.r.ReadBytes('\n')
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return AgentResponse{}, errNoAnswer
+			return agent.Response{}, errNoAnswer
 		}
 		if err != nil {
-			return AgentResponse{}, fmt.Errorf("read answer: %w", err)
+			return agent.Response{}, fmt.Errorf("read answer: %w", err)
 		}
-		var resp AgentResponse
+		var resp agent.Response
 		if err := json.Unmarshal(b, &resp); err != nil || resp.ID != id {
 			continue // an answer to an earlier sending, or a line that is not one
 		}
@@ -262,7 +219,7 @@ func (c *agentConn) send(ctx context.Context, path string, line []byte, id int64
 }
 
 // answer turns a refusal into an error.
-func answer(machineID string, req AgentRequest, resp AgentResponse) (AgentResponse, error) {
+func answer(machineID string, req agent.Request, resp agent.Response) (agent.Response, error) {
 	if !resp.OK {
 		return resp, fmt.Errorf("agent of machine %s: %s: %w: %s", machineID, req.Op, ErrAgent, resp.Error)
 	}
@@ -270,22 +227,20 @@ func answer(machineID string, req AgentRequest, resp AgentResponse) (AgentRespon
 }
 
 // MemoryAgents plays the node agents in process, one per machine, with the
-// real agent's rules (a version is installed from the attached ISO unless
-// it is installed already; only a joined node is upgraded, drained,
-// uncordoned, asked for a kubeconfig or deployed to; a node joined
-// elsewhere refuses to join): for libvirt's test driver, whose domains run
-// no guest. isoVersion says which version the machine's attached ISO holds
-// ("" with none attached), as the real agent finds by mounting it.
+// real agent's rules (agent.Handle on a state in memory): for libvirt's
+// test driver, whose domains run no guest. isoVersion says which version
+// the machine's attached ISO holds ("" with none attached), as the real
+// agent finds by mounting it.
 type MemoryAgents struct {
 	isoVersion func(ctx context.Context, machineID string) (string, error)
 	mu         sync.Mutex
-	nodes      map[string]AgentStatus
+	nodes      map[string]*agent.MemStore
 }
 
 // NewMemoryAgents returns agents that read the attached ISO's version with
 // isoVersion (Driver.ISOVersion).
 func NewMemoryAgents(isoVersion func(ctx context.Context, machineID string) (string, error)) *MemoryAgents {
-	return &MemoryAgents{isoVersion: isoVersion, nodes: map[string]AgentStatus{}}
+	return &MemoryAgents{isoVersion: isoVersion, nodes: map[string]*agent.MemStore{}}
 }
 
 // Forget drops a machine's state, as destroying its disk does.
@@ -295,85 +250,34 @@ func (a *MemoryAgents) Forget(machineID string) {
 	delete(a.nodes, machineID)
 }
 
+// errNoISO is what a guest's agent finds in a cdrom with no medium.
+var errNoISO = errors.New("no ISO attached")
+
 // Do answers req as machineID's agent would.
-func (a *MemoryAgents) Do(ctx context.Context, machineID string, req AgentRequest) (AgentResponse, error) {
+func (a *MemoryAgents) Do(ctx context.Context, machineID string, req agent.Request) (agent.Response, error) {
 	if err := ctx.Err(); err != nil {
-		return AgentResponse{}, err
+		return agent.Response{}, err
 	}
 	iso, err := a.isoVersion(ctx, machineID)
 	if err != nil {
-		return AgentResponse{}, fmt.Errorf("agent of machine %s: read the ISO: %w", machineID, err)
+		return agent.Response{}, fmt.Errorf("agent of machine %s: read the ISO: %w", machineID, err)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st := a.nodes[machineID]
-	st.Machine, st.ISOVersion = machineID, iso
-	resp := AgentResponse{ID: req.ID, OK: true}
-	// install makes version the installed one: nothing to do when it is
-	// already, otherwise the attached ISO must hold it.
-	install := func() bool {
-		switch {
-		case req.Version == "":
-			resp.Error = req.Op + " needs a version"
-		case st.Version == req.Version:
-			return true
-		case iso == "":
-			resp.Error = fmt.Sprintf("install %s: no ISO attached", req.Version)
-		case iso != req.Version:
-			resp.Error = fmt.Sprintf("install %s: the attached ISO holds %s, not %s", req.Version, iso, req.Version)
-		default:
-			st.Version = req.Version
-			return true
-		}
-		return false
+	store, ok := a.nodes[machineID]
+	if !ok {
+		store = &agent.MemStore{}
+		a.nodes[machineID] = store
 	}
-	joined := func() bool {
-		if !st.Joined {
-			resp.Error = "not joined to a cluster"
-		}
-		return st.Joined
-	}
-	switch req.Op {
-	case OpStatus:
-	case OpJoin:
-		switch {
-		case req.Cluster == "":
-			resp.Error = "join needs a cluster"
-		case st.Joined && st.Cluster != req.Cluster:
-			resp.Error = fmt.Sprintf("joined to cluster %s: leave it first", st.Cluster)
-		case st.Joined && st.Version != req.Version:
-			resp.Error = fmt.Sprintf("joined at version %s: upgrade instead", st.Version)
-		case install():
-			st.Cluster, st.Joined = req.Cluster, true
-		}
-	case OpUpgrade:
-		if joined() && install() {
-			st.Cordoned = false
-		}
-	case OpDrain, OpUncordon:
-		if joined() {
-			st.Cordoned = req.Op == OpDrain
-		}
-	case OpLeave:
-		st.Cluster, st.Joined, st.Cordoned = "", false, false
-	case OpKubeconfig:
-		if joined() {
-			resp.Kubeconfig = fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: %s\n  cluster:\n    server: https://%s:6443\n", st.Cluster, machineID)
-		}
-	case OpDeploy:
-		if req.Name != "provider" && req.Name != "autoscaler" {
-			resp.Error = fmt.Sprintf("unknown add-on %q", req.Name)
-		} else {
-			joined()
-		}
-	default:
-		resp.Error = fmt.Sprintf("unknown operation %q", req.Op)
-	}
-	if resp.Error != "" {
-		resp.OK = false // and, refused, the request changed nothing
-	} else {
-		a.nodes[machineID] = st
-	}
-	resp.Status = st
+	resp := agent.Handle(agent.Config{
+		State:   store,
+		Machine: machineID,
+		ISO: agent.ISOFunc(func() (string, error) {
+			if iso == "" {
+				return "", errNoISO
+			}
+			return iso, nil
+		}),
+	}, req)
 	return answer(machineID, req, resp)
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clusterd/clusterd/agent"
 	"github.com/clusterd/clusterd/infra/libvirt"
 )
 
@@ -29,7 +30,7 @@ func TestSocketAgentsSpeakTheProtocol(t *testing.T) {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	var mu sync.Mutex
-	var seen []libvirt.AgentRequest
+	var seen []agent.Request
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -40,14 +41,14 @@ func TestSocketAgentsSpeakTheProtocol(t *testing.T) {
 			}
 			sc := bufio.NewScanner(conn)
 			if sc.Scan() {
-				var req libvirt.AgentRequest
+				var req agent.Request
 				_ = json.Unmarshal(sc.Bytes(), &req)
 				mu.Lock()
 				seen = append(seen, req)
 				mu.Unlock()
 				enc := json.NewEncoder(conn)
-				_ = enc.Encode(libvirt.AgentResponse{ID: req.ID - 1, OK: true, Status: libvirt.AgentStatus{Version: "stale"}})
-				resp := libvirt.AgentResponse{ID: req.ID, OK: req.Op != libvirt.OpJoin, Status: libvirt.AgentStatus{Machine: machine, Version: "1.30.2", Joined: true}}
+				_ = enc.Encode(agent.Response{ID: req.ID - 1, OK: true, Status: agent.Status{Version: "stale"}})
+				resp := agent.Response{ID: req.ID, OK: req.Op != agent.OpJoin, Status: agent.Status{Machine: machine, Version: "1.30.2", Joined: true}}
 				if !resp.OK {
 					resp.Error = "the attached ISO holds 1.29.9, not 1.30.2"
 				}
@@ -58,11 +59,11 @@ func TestSocketAgentsSpeakTheProtocol(t *testing.T) {
 	}()
 	a := libvirt.NewSocketAgents(dir)
 	t.Cleanup(func() { _ = a.Close() })
-	resp, err := a.Do(context.Background(), machine, libvirt.AgentRequest{Op: libvirt.OpStatus, Cluster: "c1"})
+	resp, err := a.Do(context.Background(), machine, agent.Request{Op: agent.OpStatus, Cluster: "c1"})
 	if err != nil || resp.Status.Version != "1.30.2" || !resp.Status.Joined || resp.Status.Machine != machine {
 		t.Fatalf("status: %+v, %v", resp, err)
 	}
-	_, err = a.Do(context.Background(), machine, libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "c1", Version: "1.30.2"})
+	_, err = a.Do(context.Background(), machine, agent.Request{Op: agent.OpJoin, Cluster: "c1", Version: "1.30.2"})
 	if !errors.Is(err, libvirt.ErrAgent) || !contains(err.Error(), "holds 1.29.9") {
 		t.Fatalf("refused join: %v; want ErrAgent with the agent's message", err)
 	}
@@ -73,7 +74,7 @@ func TestSocketAgentsSpeakTheProtocol(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if _, err := a.Do(short, "nobody", libvirt.AgentRequest{Op: libvirt.OpStatus}); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := a.Do(short, "nobody", agent.Request{Op: agent.OpStatus}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a machine without a socket (%s): %v; want the context's end", filepath.Join(dir, "clusterd-nobody.agent"), err)
 	}
 }
@@ -86,26 +87,26 @@ func TestMemoryAgentsKeepTheAgentsRules(t *testing.T) {
 	iso := ""
 	a := libvirt.NewMemoryAgents(func(context.Context, string) (string, error) { return iso, nil })
 	ctx := context.Background()
-	do := func(req libvirt.AgentRequest) (libvirt.AgentStatus, error) {
+	do := func(req agent.Request) (agent.Status, error) {
 		resp, err := a.Do(ctx, "m1", req)
 		return resp.Status, err
 	}
 	steps := []struct {
 		name    string
 		iso     string
-		req     libvirt.AgentRequest
+		req     agent.Request
 		refused string // "" when the request must succeed
-		want    libvirt.AgentStatus
+		want    agent.Status
 	}{
-		{"drain before joining", "", libvirt.AgentRequest{Op: libvirt.OpDrain}, "not joined", libvirt.AgentStatus{}},
-		{"join without an ISO", "", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "a", Version: "1.30.2"}, "no ISO attached", libvirt.AgentStatus{}},
-		{"join", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "a", Version: "1.30.2"}, "", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true}},
-		{"join another cluster", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "b", Version: "1.30.2"}, "leave it first", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true}},
-		{"drain", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpDrain}, "", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true, Cordoned: true}},
-		{"upgrade with the old ISO", "1.30.2", libvirt.AgentRequest{Op: libvirt.OpUpgrade, Version: "1.31.1"}, "holds 1.30.2", libvirt.AgentStatus{Cluster: "a", Version: "1.30.2", Joined: true, Cordoned: true}},
-		{"upgrade", "1.31.1", libvirt.AgentRequest{Op: libvirt.OpUpgrade, Version: "1.31.1"}, "", libvirt.AgentStatus{Cluster: "a", Version: "1.31.1", Joined: true}},
-		{"leave", "", libvirt.AgentRequest{Op: libvirt.OpLeave}, "", libvirt.AgentStatus{Version: "1.31.1"}},
-		{"join at the installed version, no ISO", "", libvirt.AgentRequest{Op: libvirt.OpJoin, Cluster: "b", Version: "1.31.1"}, "", libvirt.AgentStatus{Cluster: "b", Version: "1.31.1", Joined: true}},
+		{"drain before joining", "", agent.Request{Op: agent.OpDrain}, "not joined", agent.Status{}},
+		{"join without an ISO", "", agent.Request{Op: agent.OpJoin, Cluster: "a", Version: "1.30.2"}, "no ISO attached", agent.Status{}},
+		{"join", "1.30.2", agent.Request{Op: agent.OpJoin, Cluster: "a", Version: "1.30.2"}, "", agent.Status{Cluster: "a", Version: "1.30.2", Joined: true}},
+		{"join another cluster", "1.30.2", agent.Request{Op: agent.OpJoin, Cluster: "b", Version: "1.30.2"}, "leave it first", agent.Status{Cluster: "a", Version: "1.30.2", Joined: true}},
+		{"drain", "1.30.2", agent.Request{Op: agent.OpDrain}, "", agent.Status{Cluster: "a", Version: "1.30.2", Joined: true, Cordoned: true}},
+		{"upgrade with the old ISO", "1.30.2", agent.Request{Op: agent.OpUpgrade, Version: "1.31.1"}, "holds version \"1.30.2\"", agent.Status{Cluster: "a", Version: "1.30.2", Joined: true, Cordoned: true}},
+		{"upgrade", "1.31.1", agent.Request{Op: agent.OpUpgrade, Version: "1.31.1"}, "", agent.Status{Cluster: "a", Version: "1.31.1", Joined: true}},
+		{"leave", "", agent.Request{Op: agent.OpLeave}, "", agent.Status{Version: "1.31.1"}},
+		{"join at the installed version, no ISO", "", agent.Request{Op: agent.OpJoin, Cluster: "b", Version: "1.31.1"}, "", agent.Status{Cluster: "b", Version: "1.31.1", Joined: true}},
 	}
 	for _, s := range steps {
 		iso = s.iso
@@ -147,9 +148,9 @@ func TestSocketAgentsSendAgainWhatGotNoAnswer(t *testing.T) {
 			if n == 0 {
 				continue // lost
 			}
-			var req libvirt.AgentRequest
+			var req agent.Request
 			_ = json.Unmarshal(sc.Bytes(), &req)
-			_ = json.NewEncoder(conn).Encode(libvirt.AgentResponse{ID: req.ID, OK: true, Status: libvirt.AgentStatus{Machine: "m1"}})
+			_ = json.NewEncoder(conn).Encode(agent.Response{ID: req.ID, OK: true, Status: agent.Status{Machine: "m1"}})
 		}
 	}()
 	a := libvirt.NewSocketAgents(dir)
@@ -157,7 +158,7 @@ func TestSocketAgentsSendAgainWhatGotNoAnswer(t *testing.T) {
 	t.Cleanup(func() { _ = a.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	resp, err := a.Do(ctx, "m1", libvirt.AgentRequest{Op: libvirt.OpStatus})
+	resp, err := a.Do(ctx, "m1", agent.Request{Op: agent.OpStatus})
 	if err != nil || resp.Status.Machine != "m1" {
 		t.Fatalf("status after a lost sending: %+v, %v", resp, err)
 	}
@@ -187,9 +188,9 @@ func TestSocketAgentsLetGoOfAnIdleMachine(t *testing.T) {
 			// Served until the host closes it; the next waits in the backlog.
 			sc := bufio.NewScanner(conn)
 			for sc.Scan() {
-				var req libvirt.AgentRequest
+				var req agent.Request
 				_ = json.Unmarshal(sc.Bytes(), &req)
-				_ = json.NewEncoder(conn).Encode(libvirt.AgentResponse{ID: req.ID, OK: true, Status: libvirt.AgentStatus{Machine: "m1"}})
+				_ = json.NewEncoder(conn).Encode(agent.Response{ID: req.ID, OK: true, Status: agent.Status{Machine: "m1"}})
 			}
 			conn.Close()
 		}
@@ -200,11 +201,11 @@ func TestSocketAgentsLetGoOfAnIdleMachine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i := range 2 {
-		if _, err := first.Do(ctx, "m1", libvirt.AgentRequest{Op: libvirt.OpStatus}); err != nil {
+		if _, err := first.Do(ctx, "m1", agent.Request{Op: agent.OpStatus}); err != nil {
 			t.Fatalf("the first server's request %d: %v", i, err)
 		}
 	}
-	if resp, err := second.Do(ctx, "m1", libvirt.AgentRequest{Op: libvirt.OpStatus}); err != nil || resp.Status.Machine != "m1" {
+	if resp, err := second.Do(ctx, "m1", agent.Request{Op: agent.OpStatus}); err != nil || resp.Status.Machine != "m1" {
 		t.Fatalf("the second server's request, once the first is idle: %+v, %v", resp, err)
 	}
 }
@@ -233,9 +234,9 @@ func TestSocketAgentsSendAgainSoonOnANewConnection(t *testing.T) {
 				if n == 0 {
 					continue // lost: each connection's first line
 				}
-				var req libvirt.AgentRequest
+				var req agent.Request
 				_ = json.Unmarshal(sc.Bytes(), &req)
-				_ = json.NewEncoder(conn).Encode(libvirt.AgentResponse{ID: req.ID, OK: true, Status: libvirt.AgentStatus{Machine: "m1"}})
+				_ = json.NewEncoder(conn).Encode(agent.Response{ID: req.ID, OK: true, Status: agent.Status{Machine: "m1"}})
 			}
 			conn.Close()
 		}
@@ -249,7 +250,7 @@ func TestSocketAgentsSendAgainSoonOnANewConnection(t *testing.T) {
 		if i == 1 {
 			time.Sleep(200 * time.Millisecond) // idle: the next request dials again
 		}
-		if resp, err := a.Do(ctx, "m1", libvirt.AgentRequest{Op: libvirt.OpStatus}); err != nil || resp.Status.Machine != "m1" {
+		if resp, err := a.Do(ctx, "m1", agent.Request{Op: agent.OpStatus}); err != nil || resp.Status.Machine != "m1" {
 			t.Fatalf("request %d, its first sending lost: %+v, %v", i, resp, err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/clusterd/clusterd/agent"
 	"github.com/clusterd/clusterd/infra"
 )
 
@@ -350,13 +351,13 @@ func (d *Driver) changeMedia(ctx context.Context, dm *domain, xml string) error 
 
 // agent sends req to the machine's agent, which must be running, and
 // records what the agent reports of the node in the machine's metadata.
-func (d *Driver) agent(ctx context.Context, dm *domain, req AgentRequest) (AgentResponse, error) {
+func (d *Driver) agent(ctx context.Context, dm *domain, req agent.Request) (agent.Response, error) {
 	running, err := d.running(dm.dom)
 	if err != nil {
-		return AgentResponse{}, err
+		return agent.Response{}, err
 	}
 	if !running {
-		return AgentResponse{}, fmt.Errorf("machine %s is powered off", dm.meta.ID)
+		return agent.Response{}, fmt.Errorf("machine %s is powered off", dm.meta.ID)
 	}
 	resp, err := d.agents.Do(ctx, dm.meta.ID, req)
 	if err != nil {
@@ -377,7 +378,7 @@ func (d *Driver) agent(ctx context.Context, dm *domain, req AgentRequest) (Agent
 // attached ISO) and join the cluster; the machine must be running.
 func (d *Driver) JoinNode(ctx context.Context, c infra.Call, version string) error {
 	return d.change(ctx, infra.StepJoinNode, c, func(dm *domain) error {
-		_, err := d.agent(ctx, dm, AgentRequest{Op: OpJoin, Cluster: c.ClusterID, Version: version})
+		_, err := d.agent(ctx, dm, agent.Request{Op: agent.OpJoin, Cluster: c.ClusterID, Version: version})
 		return err
 	})
 }
@@ -389,7 +390,7 @@ func (d *Driver) UpgradeNode(ctx context.Context, c infra.Call, version string) 
 		return fmt.Errorf("%s: machine %s: empty version", infra.StepUpgradeNode, c.MachineID)
 	}
 	return d.change(ctx, infra.StepUpgradeNode, c, func(dm *domain) error {
-		_, err := d.agent(ctx, dm, AgentRequest{Op: OpUpgrade, Cluster: c.ClusterID, Version: version})
+		_, err := d.agent(ctx, dm, agent.Request{Op: agent.OpUpgrade, Cluster: c.ClusterID, Version: version})
 		return err
 	})
 }
@@ -397,7 +398,7 @@ func (d *Driver) UpgradeNode(ctx context.Context, c infra.Call, version string) 
 // DrainNode asks the call's machine's agent to cordon and drain the node.
 func (d *Driver) DrainNode(ctx context.Context, c infra.Call) error {
 	return d.change(ctx, infra.StepDrainNode, c, func(dm *domain) error {
-		_, err := d.agent(ctx, dm, AgentRequest{Op: OpDrain, Cluster: c.ClusterID})
+		_, err := d.agent(ctx, dm, agent.Request{Op: agent.OpDrain, Cluster: c.ClusterID})
 		return err
 	})
 }
@@ -405,7 +406,7 @@ func (d *Driver) DrainNode(ctx context.Context, c infra.Call) error {
 // UncordonNode asks the call's machine's agent to let work back on.
 func (d *Driver) UncordonNode(ctx context.Context, c infra.Call) error {
 	return d.change(ctx, infra.StepUncordonNode, c, func(dm *domain) error {
-		_, err := d.agent(ctx, dm, AgentRequest{Op: OpUncordon, Cluster: c.ClusterID})
+		_, err := d.agent(ctx, dm, agent.Request{Op: agent.OpUncordon, Cluster: c.ClusterID})
 		return err
 	})
 }
@@ -420,7 +421,7 @@ func (d *Driver) DeleteNode(ctx context.Context, c infra.Call) error {
 			return err
 		}
 		if running {
-			if _, err := d.agent(ctx, dm, AgentRequest{Op: OpLeave, Cluster: c.ClusterID}); err != nil {
+			if _, err := d.agent(ctx, dm, agent.Request{Op: agent.OpLeave, Cluster: c.ClusterID}); err != nil {
 				return err
 			}
 		}
@@ -465,7 +466,7 @@ func (d *Driver) ValidateNode(ctx context.Context, c infra.Call) error {
 		if !running {
 			return fmt.Errorf("machine %s is powered off: %w", dm.meta.ID, infra.ErrUnusable)
 		}
-		if _, err := d.agents.Do(ctx, dm.meta.ID, AgentRequest{Op: OpStatus}); err != nil {
+		if _, err := d.agents.Do(ctx, dm.meta.ID, agent.Request{Op: agent.OpStatus}); err != nil {
 			return fmt.Errorf("machine %s: its agent does not answer: %w: %w", dm.meta.ID, infra.ErrUnusable, err)
 		}
 		dm.meta.Cluster, dm.meta.Role = c.ClusterID, string(infra.RoleWorker)
@@ -526,24 +527,24 @@ func (d *Driver) control(ctx context.Context, c infra.Call) (string, error) {
 
 // clusterStep sends req to the agent of a running control machine of the
 // call's cluster, fenced like a change of that machine.
-func (d *Driver) clusterStep(ctx context.Context, step string, c infra.Call, req AgentRequest) (AgentResponse, error) {
+func (d *Driver) clusterStep(ctx context.Context, step string, c infra.Call, req agent.Request) (agent.Response, error) {
 	if c.ClusterID == "" {
-		return AgentResponse{}, fmt.Errorf("%s: the call names no cluster", step)
+		return agent.Response{}, fmt.Errorf("%s: the call names no cluster", step)
 	}
 	if err := d.fence(ctx, step, c, "before"); err != nil {
-		return AgentResponse{}, err
+		return agent.Response{}, err
 	}
 	id, err := d.control(ctx, c)
 	if err != nil {
-		return AgentResponse{}, fmt.Errorf("%s: %w", step, err)
+		return agent.Response{}, fmt.Errorf("%s: %w", step, err)
 	}
 	c.MachineID = id
-	var resp AgentResponse
+	var resp agent.Response
 	if err := d.changeLocked(ctx, step, c, true, func(dm *domain) error {
 		resp, err = d.agent(ctx, dm, req)
 		return err
 	}); err != nil {
-		return AgentResponse{}, err
+		return agent.Response{}, err
 	}
 	return resp, d.fence(ctx, step, c, "after")
 }
@@ -551,7 +552,7 @@ func (d *Driver) clusterStep(ctx context.Context, step string, c infra.Call, req
 // WaitAPI succeeds once a running control machine's agent answers, and
 // returns the API endpoint.
 func (d *Driver) WaitAPI(ctx context.Context, c infra.Call) (string, error) {
-	resp, err := d.clusterStep(ctx, infra.StepWaitAPI, c, AgentRequest{Op: OpStatus, Cluster: c.ClusterID})
+	resp, err := d.clusterStep(ctx, infra.StepWaitAPI, c, agent.Request{Op: agent.OpStatus, Cluster: c.ClusterID})
 	if err != nil {
 		return "", err
 	}
@@ -562,7 +563,7 @@ func (d *Driver) WaitAPI(ctx context.Context, c infra.Call) (string, error) {
 // kubeconfig; an empty one is an error.
 func (d *Driver) FetchKubeconfig(ctx context.Context, c infra.Call) error {
 	const step = infra.StepFetchKubeconfig
-	resp, err := d.clusterStep(ctx, step, c, AgentRequest{Op: OpKubeconfig, Cluster: c.ClusterID})
+	resp, err := d.clusterStep(ctx, step, c, agent.Request{Op: agent.OpKubeconfig, Cluster: c.ClusterID})
 	if err != nil {
 		return err
 	}
@@ -574,7 +575,7 @@ func (d *Driver) FetchKubeconfig(ctx context.Context, c infra.Call) error {
 
 // DeployProvider asks a control machine's agent to deploy the cloud provider.
 func (d *Driver) DeployProvider(ctx context.Context, c infra.Call) error {
-	_, err := d.clusterStep(ctx, infra.StepDeployProvider, c, AgentRequest{Op: OpDeploy, Cluster: c.ClusterID, Name: "provider"})
+	_, err := d.clusterStep(ctx, infra.StepDeployProvider, c, agent.Request{Op: agent.OpDeploy, Cluster: c.ClusterID, Name: agent.AddonProvider})
 	return err
 }
 
@@ -586,9 +587,9 @@ func (d *Driver) DeployAutoscaler(ctx context.Context, c infra.Call, enabled boo
 	if enabled && (minSize < 0 || maxSize < minSize) {
 		return fmt.Errorf("%s: cluster %s: invalid autoscaler sizes %d..%d", step, c.ClusterID, minSize, maxSize)
 	}
-	req := AgentRequest{Op: OpStatus, Cluster: c.ClusterID}
+	req := agent.Request{Op: agent.OpStatus, Cluster: c.ClusterID}
 	if enabled {
-		req = AgentRequest{Op: OpDeploy, Cluster: c.ClusterID, Name: "autoscaler"}
+		req = agent.Request{Op: agent.OpDeploy, Cluster: c.ClusterID, Name: agent.AddonAutoscaler}
 	}
 	_, err := d.clusterStep(ctx, step, c, req)
 	return err
