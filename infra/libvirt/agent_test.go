@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,40 +24,25 @@ import (
 func TestSocketAgentsSpeakTheProtocol(t *testing.T) {
 	dir := t.TempDir()
 	const machine = "m1"
-	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, machine))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	var mu sync.Mutex
 	var seen []agent.Request
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
+	fakeGuest(t, dir, machine, func(conn net.Conn) {
+		sc := bufio.NewScanner(conn)
+		if sc.Scan() {
+			var req agent.Request
+			_ = json.Unmarshal(sc.Bytes(), &req)
+			mu.Lock()
+			seen = append(seen, req)
+			mu.Unlock()
+			enc := json.NewEncoder(conn)
+			_ = enc.Encode(agent.Response{ID: req.ID - 1, OK: true, Status: agent.Status{Version: "stale"}})
+			resp := agent.Response{ID: req.ID, OK: req.Op != agent.OpJoin, Status: agent.Status{Machine: machine, Version: "1.30.2", Joined: true}}
+			if !resp.OK {
+				resp.Error = "the attached ISO holds 1.29.9, not 1.30.2"
 			}
-			sc := bufio.NewScanner(conn)
-			if sc.Scan() {
-				var req agent.Request
-				_ = json.Unmarshal(sc.Bytes(), &req)
-				mu.Lock()
-				seen = append(seen, req)
-				mu.Unlock()
-				enc := json.NewEncoder(conn)
-				_ = enc.Encode(agent.Response{ID: req.ID - 1, OK: true, Status: agent.Status{Version: "stale"}})
-				resp := agent.Response{ID: req.ID, OK: req.Op != agent.OpJoin, Status: agent.Status{Machine: machine, Version: "1.30.2", Joined: true}}
-				if !resp.OK {
-					resp.Error = "the attached ISO holds 1.29.9, not 1.30.2"
-				}
-				_ = enc.Encode(resp)
-			}
-			conn.Close()
+			_ = enc.Encode(resp)
 		}
-	}()
+	})
 	a := libvirt.NewSocketAgents(dir)
 	t.Cleanup(func() { _ = a.Close() })
 	resp, err := a.Do(context.Background(), machine, agent.Request{Op: agent.OpStatus, Cluster: "c1"})
@@ -129,30 +115,9 @@ func TestMemoryAgentsKeepTheAgentsRules(t *testing.T) {
 // on the same connection, and its answer is returned.
 func TestSocketAgentsSendAgainWhatGotNoAnswer(t *testing.T) {
 	dir := t.TempDir()
-	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, "m1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		conn, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		sc := bufio.NewScanner(conn)
-		for n := 0; sc.Scan(); n++ {
-			if n == 0 {
-				continue // lost
-			}
-			var req agent.Request
-			_ = json.Unmarshal(sc.Bytes(), &req)
-			_ = json.NewEncoder(conn).Encode(agent.Response{ID: req.ID, OK: true, Status: agent.Status{Machine: "m1"}})
-		}
-	}()
+	conns := fakeGuest(t, dir, "m1", func(conn net.Conn) {
+		answer(conn, func(n int) bool { return n == 0 }) // lost
+	})
 	a := libvirt.NewSocketAgents(dir)
 	a.Retry = 50 * time.Millisecond
 	t.Cleanup(func() { _ = a.Close() })
@@ -161,6 +126,9 @@ func TestSocketAgentsSendAgainWhatGotNoAnswer(t *testing.T) {
 	resp, err := a.Do(ctx, "m1", agent.Request{Op: agent.OpStatus})
 	if err != nil || resp.Status.Machine != "m1" {
 		t.Fatalf("status after a lost sending: %+v, %v", resp, err)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("the request was sent again on %d connections; want the same one", n)
 	}
 }
 
@@ -171,30 +139,8 @@ func TestSocketAgentsSendAgainWhatGotNoAnswer(t *testing.T) {
 // request, waiting meanwhile, is answered.
 func TestSocketAgentsLetGoOfAnIdleMachine(t *testing.T) {
 	dir := t.TempDir()
-	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, "m1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			// Served until the host closes it; the next waits in the backlog.
-			sc := bufio.NewScanner(conn)
-			for sc.Scan() {
-				var req agent.Request
-				_ = json.Unmarshal(sc.Bytes(), &req)
-				_ = json.NewEncoder(conn).Encode(agent.Response{ID: req.ID, OK: true, Status: agent.Status{Machine: "m1"}})
-			}
-			conn.Close()
-		}
-	}()
+	// Served until the host closes it; the next waits in the backlog.
+	fakeGuest(t, dir, "m1", func(conn net.Conn) { answer(conn, nil) })
 	first, second := libvirt.NewSocketAgents(dir), libvirt.NewSocketAgents(dir)
 	first.Idle = 100 * time.Millisecond
 	t.Cleanup(func() { _ = first.Close(); _ = second.Close() })
@@ -215,32 +161,9 @@ func TestSocketAgentsLetGoOfAnIdleMachine(t *testing.T) {
 // be lost; it is sent again after FirstRetry, not Retry, and answered.
 func TestSocketAgentsSendAgainSoonOnANewConnection(t *testing.T) {
 	dir := t.TempDir()
-	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, "m1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			sc := bufio.NewScanner(conn)
-			for n := 0; sc.Scan(); n++ {
-				if n == 0 {
-					continue // lost: each connection's first line
-				}
-				var req agent.Request
-				_ = json.Unmarshal(sc.Bytes(), &req)
-				_ = json.NewEncoder(conn).Encode(agent.Response{ID: req.ID, OK: true, Status: agent.Status{Machine: "m1"}})
-			}
-			conn.Close()
-		}
-	}()
+	fakeGuest(t, dir, "m1", func(conn net.Conn) {
+		answer(conn, func(n int) bool { return n == 0 }) // lost: each connection's first line
+	})
 	a := libvirt.NewSocketAgents(dir)
 	a.Retry, a.FirstRetry, a.Idle = time.Hour, 50*time.Millisecond, 50*time.Millisecond
 	t.Cleanup(func() { _ = a.Close() })
@@ -253,5 +176,48 @@ func TestSocketAgentsSendAgainSoonOnANewConnection(t *testing.T) {
 		if resp, err := a.Do(ctx, "m1", agent.Request{Op: agent.OpStatus}); err != nil || resp.Status.Machine != "m1" {
 			t.Fatalf("request %d, its first sending lost: %+v, %v", i, resp, err)
 		}
+	}
+}
+
+// fakeGuest listens on machine's agent socket in dir and serves each
+// connection with serve, one at a time as QEMU's channel does, until the
+// test ends. It counts the connections it accepted.
+func fakeGuest(t *testing.T, dir, machine string, serve func(net.Conn)) *atomic.Int64 {
+	t.Helper()
+	ln, err := net.Listen("unix", libvirt.AgentSocket(dir, machine))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns atomic.Int64
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			serve(conn)
+			conn.Close()
+		}
+	}()
+	return &conns
+}
+
+// answer answers every request line on conn as a joined-nowhere agent of
+// machine m1 would, but the lines lose says are lost (read and dropped),
+// until the host closes the connection.
+func answer(conn net.Conn, lose func(line int) bool) {
+	sc := bufio.NewScanner(conn)
+	for n := 0; sc.Scan(); n++ {
+		if lose != nil && lose(n) {
+			continue
+		}
+		var req agent.Request
+		_ = json.Unmarshal(sc.Bytes(), &req)
+		_ = json.NewEncoder(conn).Encode(agent.Response{ID: req.ID, OK: true, Status: agent.Status{Machine: "m1"}})
 	}
 }
