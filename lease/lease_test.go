@@ -112,9 +112,7 @@ func TestAcquireTakesOverACrashedProcessOnThisHostAtOnce(t *testing.T) {
 		}
 		// A heartbeat interval of an hour: a watch would take two.
 		l := newLease(s, func(c *lease.Config) { c.HeartbeatInterval, c.PeerTimeout = time.Hour, 6*time.Hour })
-		ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
-		defer cancel()
-		self, err := l.Acquire(ctx)
+		self, err := l.Acquire(ctxT(t))
 		if err != nil {
 			t.Fatalf("Acquire after the holder's process died: %v", err)
 		}

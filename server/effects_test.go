@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -195,10 +194,8 @@ func fxFault(t *testing.T, h *harness, step string, mode clv1.Fault_Mode, cluste
 // fxWaitHeld blocks until a step of cluster is held at step.
 func fxWaitHeld(t *testing.T, h *harness, cluster, step string) sim.Held {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	id := strings.TrimPrefix(cluster, "clusters/")
-	held, err := h.srv.sim.WaitHeld(ctx, func(hd sim.Held) bool { return hd.Step == step && hd.ClusterID == id })
+	held, err := h.srv.sim.WaitHeld(tctx(t), func(hd sim.Held) bool { return hd.Step == step && hd.ClusterID == id })
 	if err != nil {
 		t.Fatalf("no %s step of %s held: %v", step, cluster, err)
 	}

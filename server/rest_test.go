@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -331,9 +330,7 @@ func TestRESTWaitOperation(t *testing.T) {
 		if code != http.StatusOK || !strings.HasPrefix(name, "operations/") {
 			t.Fatalf("POST /v1/clusters = %d %v", code, op)
 		}
-		ctx, cancel := context.WithTimeout(tctx(t), 30*time.Second)
-		defer cancel()
-		if _, err := h.srv.sim.WaitHeld(ctx, func(held sim.Held) bool { return held.FaultID == fault.ID }); err != nil {
+		if _, err := h.srv.sim.WaitHeld(tctx(t), func(held sim.Held) bool { return held.FaultID == fault.ID }); err != nil {
 			t.Fatalf("join_node never held: %v", err)
 		}
 

@@ -84,9 +84,7 @@ func (r *rig) fail(step, cluster string) {
 // heldBy waits until the step of fault id is held and returns it.
 func (r *rig) heldBy(id string) sim.Held {
 	r.t.Helper()
-	ctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
-	defer cancel()
-	h, err := r.srv.sim.WaitHeld(ctx, func(h sim.Held) bool { return h.FaultID == id })
+	h, err := r.srv.sim.WaitHeld(r.ctx, func(h sim.Held) bool { return h.FaultID == id })
 	if err != nil {
 		r.t.Fatalf("no step held by fault %s: %v", id, err)
 	}
@@ -1200,10 +1198,8 @@ func TestStartFromAlert_HoldsStartingUntilRunning(t *testing.T) {
 		sampling := make(chan error, 1)
 		first, starting := make(chan struct{}), make(chan struct{})
 		go func() {
-			ctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
-			defer cancel()
 			for i := 0; ; i++ {
-				got, err := r.clients.clusters.GetCluster(ctx, &clv1.GetClusterRequest{Name: name})
+				got, err := r.clients.clusters.GetCluster(r.ctx, &clv1.GetClusterRequest{Name: name})
 				if err != nil {
 					sampling <- err
 					return
