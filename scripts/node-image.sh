@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the node image clusterd's libvirt machines boot directly (no disk
 # image, no bootloader): Debian's cloud kernel and an initramfs holding
-# busybox, the kernel modules for virtio (PCI, serial port, disk, SCSI) and
-# the cdrom, and the node agent (cmd/clusterd-agent), which /init runs.
+# busybox, the kernel modules for virtio (PCI, serial port, disk, SCSI), the
+# cdrom and the ACPI power button, and the node agent (cmd/clusterd-agent),
+# which /init runs and which powers the machine off on the power button.
 # The kernel has no AHCI driver: the cdrom goes on virtio-scsi (any machine
 # type) or on IDE (i440fx's PIIX), not on q35's SATA.
 #
@@ -75,8 +76,9 @@ cp "$work/busybox/bin/busybox" "$root/bin/busybox"
 CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$root/bin/clusterd-agent" ./cmd/clusterd-agent
 
 # The modules /init loads and everything they depend on (modules.dep of
-# the whole kernel; the package ships none, depmod writes it).
-modules=(virtio_pci virtio_console virtio_blk virtio_scsi ata_piix sr_mod)
+# the whole kernel; the package ships none, depmod writes it). button and
+# evdev give the agent the ACPI power button (libvirt's graceful shutdown).
+modules=(virtio_pci virtio_console virtio_blk virtio_scsi ata_piix sr_mod button evdev)
 kmods="$work/kernel/lib/modules/$kver"
 depmod -b "$work/kernel" "$kver"
 declare -A files=()

@@ -50,7 +50,7 @@ func nodeImage(t *testing.T) string {
 type vm struct {
 	cmd     *exec.Cmd
 	sock    string
-	qmp     string
+	qmpSock string
 	console string
 	done    chan struct{}
 	started time.Time
@@ -65,7 +65,7 @@ func startVM(t *testing.T, image, dir, name, disk, iso string) *vm {
 	v := &vm{
 		sock:    filepath.Join(dir, name+".sock"),
 		console: filepath.Join(dir, name+".console"),
-		qmp:     filepath.Join(dir, name+".qmp"),
+		qmpSock: filepath.Join(dir, name+".qmp"),
 		done:    make(chan struct{}),
 	}
 	cmd := exec.Command("qemu-system-x86_64",
@@ -83,7 +83,7 @@ func startVM(t *testing.T, image, dir, name, disk, iso string) *vm {
 		"-chardev", "socket,path="+v.sock+",server=on,wait=off,id=agent",
 		"-device", "virtserialport,chardev=agent,name="+agent.PortName,
 		"-nic", "none",
-		"-qmp", "unix:"+v.qmp+",server=on,wait=off",
+		"-qmp", "unix:"+v.qmpSock+",server=on,wait=off",
 	)
 	out, err := os.Create(filepath.Join(dir, name+".qemu"))
 	if err != nil {
@@ -112,11 +112,18 @@ func startVM(t *testing.T, image, dir, name, disk, iso string) *vm {
 	return v
 }
 
-// changeISO swaps the cdrom's medium for iso while the VM runs, through
-// QEMU's monitor (QMP), as libvirt's change-media does.
+// changeISO swaps the cdrom's medium for iso while the VM runs, as
+// libvirt's change-media does.
 func (v *vm) changeISO(t *testing.T, iso string) {
 	t.Helper()
-	conn, err := net.Dial("unix", v.qmp)
+	v.qmp(t, "blockdev-change-medium", map[string]any{"id": "cd0", "filename": iso, "format": "raw", "read-only-mode": "read-only"})
+}
+
+// qmp runs one command on the VM's QEMU monitor (QMP) and fails the test
+// when QEMU refuses it.
+func (v *vm) qmp(t *testing.T, cmd string, args any) {
+	t.Helper()
+	conn, err := net.Dial("unix", v.qmpSock)
 	if err != nil {
 		t.Fatalf("qmp: %v", err)
 	}
@@ -151,7 +158,7 @@ func (v *vm) changeISO(t *testing.T, iso string) {
 		t.Fatalf("qmp greeting: %v", err)
 	}
 	call("qmp_capabilities", map[string]any{})
-	call("blockdev-change-medium", map[string]any{"id": "cd0", "filename": iso, "format": "raw", "read-only-mode": "read-only"})
+	call(cmd, args)
 }
 
 // stop kills the VM (a power cut: the agent gets no warning) and waits.
@@ -284,4 +291,50 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestNodeImagePowersOffOnThePowerButton: libvirt's graceful shutdown
+// presses the guest's ACPI power button (QMP system_powerdown); the agent,
+// as the guest's init, powers the machine off, so QEMU exits without being
+// killed and the state saved before is still on the disk.
+func TestNodeImagePowersOffOnThePowerButton(t *testing.T) {
+	image := nodeImage(t)
+	dir := t.TempDir()
+	disk := filepath.Join(dir, "state.raw")
+	if err := os.WriteFile(disk, make([]byte, 16<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	iso := filepath.Join(dir, "v1.iso")
+	if err := agent.BuildISO(iso, "1.31.2"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bootDeadline)
+	defer cancel()
+	m := startVM(t, image, dir, "m-1", disk, iso)
+	c, _, _, _ := m.ready(t)
+	if _, err := c.Join(ctx, "c-1", "1.31.2"); err != nil {
+		t.Fatalf("join: %v", err)
+	}
+	// Pressed again every 2 s, as an impatient operator would: a press
+	// before the agent has opened the button's input device goes unseen.
+	pressed := time.Now()
+	for off := false; !off; {
+		select {
+		case <-m.done: // off since the last look
+		default:
+			m.qmp(t, "system_powerdown", map[string]any{})
+		}
+		select {
+		case <-m.done:
+			off = true
+			t.Logf("powered off %v after the first press", time.Since(pressed).Round(time.Millisecond))
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+			t.Fatal("the guest did not power off on the ACPI power button")
+		}
+	}
+	again := startVM(t, image, dir, "m-1", disk, iso)
+	if _, _, st, _ := again.ready(t); !st.Joined || st.Cluster != "c-1" {
+		t.Fatalf("after the power off: %+v; want the join kept", st)
+	}
 }

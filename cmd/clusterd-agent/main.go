@@ -3,7 +3,8 @@
 // protocol on the virtio-serial port agent.PortName, keeps its state on the
 // raw disk -state and reads the version from the ISO in -iso, and serves
 // for ever: when the host closes the channel it waits for the next
-// connection.
+// connection. As the guest's PID 1 it powers the machine off when the ACPI
+// power button is pressed (libvirt's graceful shutdown).
 package main
 
 import (
@@ -36,6 +37,11 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if os.Getpid() == 1 {
+		// The guest's init: answer the ACPI power button (libvirt's
+		// graceful shutdown) by powering off.
+		go watchPowerButton(ctx, "/dev/input", powerOff)
+	}
 	cfg := agent.Config{State: &agent.DiskStore{Path: *state}, ISO: agent.ISOFile{Path: *iso}, Machine: *machine}
 	log.Printf("machine %q, state %s, iso %s, port %s", *machine, *state, *iso, *port)
 	serve(ctx, *port, cfg)

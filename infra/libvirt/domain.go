@@ -251,6 +251,9 @@ func (d *Driver) domainXML(m meta, off Offering, volume string) (string, error) 
 			Initrd:  d.initrd,
 			Cmdline: "console=ttyS0 clusterd.machine=" + m.ID,
 		},
+		// ACPI: libvirt's graceful shutdown presses the guest's power
+		// button, which the node agent answers by powering off.
+		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}},
 		OnPoweroff: "destroy",
 		OnReboot:   "restart",
 		OnCrash:    "destroy",

@@ -21,8 +21,9 @@ import (
 // skipped without one) and drives every step of one machine through it:
 // its node agent answers over the virtio-serial channel once it has
 // booted, installs each version from the ISO swapped into the running
-// guest's cdrom, and finds its state on its disk after a reboot; a guest
-// that ignores the shutdown request is destroyed after the bound.
+// guest's cdrom, and finds its state on its disk after a reboot; power_off
+// is a graceful shutdown the guest answers (the ACPI power button, which
+// its agent handles), not the destroy that follows an unanswered one.
 func TestQEMUMachine(t *testing.T) {
 	kernel, initrd := os.Getenv("CLUSTERD_TEST_NODE_KERNEL"), os.Getenv("CLUSTERD_TEST_NODE_INITRD")
 	if kernel == "" && initrd == "" {
@@ -129,6 +130,12 @@ func TestQEMUMachine(t *testing.T) {
 	timed("power_off", func() error { return d.PowerOff(ctx, c) })
 	if m, err := d.Machine(ctx, id); err != nil || m.Power != infra.PowerStopped {
 		t.Fatalf("after power_off: %+v, %v", m, err)
+	}
+	if dom, err := raw.DomainLookupByName(libvirt.DomainName(id)); err != nil {
+		t.Fatal(err)
+	} else if st, reason, err := raw.DomainGetState(dom, 0); err != nil || golibvirt.DomainState(st) != golibvirt.DomainShutoff || golibvirt.DomainShutoffReason(reason) != golibvirt.DomainShutoffShutdown {
+		t.Errorf("after power_off: state %d reason %d, %v; want shut off by the guest (reason %d), not destroyed (%d)",
+			st, reason, err, golibvirt.DomainShutoffShutdown, golibvirt.DomainShutoffDestroyed)
 	}
 	timed("power_on", func() error { return d.PowerOn(ctx, c) })
 	if x := live(); !strings.Contains(x, "<memory unit='KiB'>262144</memory>") {
