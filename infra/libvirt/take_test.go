@@ -230,3 +230,38 @@ func leaveTake(t *testing.T, e *env, id string, call infra.Call) {
 		t.Fatal(fmt.Errorf("leave a take: %w", err))
 	}
 }
+
+// TestTakeTableMigratesAgain: the driver's migrations run again on a
+// database that has them, and on one whose version table lost them (a
+// migration cut short on MariaDB, which commits each DDL statement on its
+// own, runs whole again at the next start): the table and its rows stay.
+func TestTakeTableMigratesAgain(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := ctxT(t)
+			dsn := b.NewDSN(t)
+			store, err := repository.Open(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = store.Close() })
+			if err := libvirt.Migrate(ctx, store); err != nil {
+				t.Fatalf("migrate: %v", err)
+			}
+			e := &env{store: store}
+			leaveTake(t, e, uuid.NewString(), infra.Call{ClusterID: uuid.NewString(), Operation: uuid.NewString(), Attempt: 1})
+			if err := libvirt.Migrate(ctx, store); err != nil {
+				t.Fatalf("migrate again: %v", err)
+			}
+			if _, err := store.Conn().ExecContext(ctx, "DROP TABLE goose_libvirt_version"); err != nil {
+				t.Fatal(err)
+			}
+			if err := libvirt.Migrate(ctx, store); err != nil {
+				t.Fatalf("migrate after the version table was lost: %v", err)
+			}
+			if n := e.takes(t); n != 1 {
+				t.Fatalf("%d takes after migrating again; want the 1 written before", n)
+			}
+		})
+	}
+}
