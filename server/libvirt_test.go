@@ -3,9 +3,11 @@ package server
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -403,4 +405,88 @@ func TestWatchBackoff(t *testing.T) {
 	if got := watchBackoff(1000); got != watchBackoffMax {
 		t.Errorf("watchBackoff(1000) = %v; want %v", got, watchBackoffMax)
 	}
+}
+
+// TestLibvirtTwoServersAddOneFreeMachineOnce: two servers sharing one
+// database and one libvirtd each run an AddNodes of the same free machine
+// into a cluster of their own, round after round. Exactly one operation
+// gets past validate_node each round, the other fails there, and the
+// machine is never the loser's in libvirt. (What happens
+// after validate_node is not this test's: an AddNodes on libvirt fails at
+// join_node today, since AddNodes attaches no ISO; see
+// TestEffect_AddRemoveNodes.)
+func TestLibvirtTwoServersAddOneFreeMachineOnce(t *testing.T) {
+	const rounds = 3
+	var shared Config
+	h1, _, _, made := startLibvirt(t, func(c *Config) { c.ServerID = "s1"; shared = *c })
+	h2 := startOn(t, shared.Database, func(c *Config) {
+		c.ServerID, c.Infra, c.Libvirt = "s2", "libvirt", shared.Libvirt
+	})
+	servers := []*harness{h1, h2}
+	ctx := tctx(t)
+	drv := h1.srv.libvirt
+	twoWinners := 0
+	for round := range rounds {
+		clusters := make([]string, 2)
+		for i, h := range servers {
+			c := h.create(t, fmt.Sprintf("r%d-%d", round, i), 1)
+			clusters[i] = c.GetName()
+			id := strings.TrimPrefix(c.GetName(), "clusters/")
+			removeFilter(t, id)
+			ms, err := drv.Machines(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range ms {
+				*made = append(*made, m.ID)
+			}
+		}
+		free, err := drv.CreateMachine(ctx, infra.RoleExternal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*made = append(*made, free.ID)
+		ops := make([]*longrunningpb.Operation, 2)
+		errs := make([]error, 2)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i, h := range servers {
+			wg.Go(func() {
+				<-start
+				ops[i], errs[i] = h.clients.clusters.AddNodes(ctx, &clv1.AddNodesRequest{Name: clusters[i], Machines: []string{"machines/" + free.ID}})
+			})
+		}
+		close(start)
+		wg.Wait()
+		var won []string
+		for i, h := range servers {
+			if errs[i] != nil {
+				t.Fatalf("round %d: AddNodes through server %d: %v", round, i+1, errs[i])
+			}
+			done := h.wait(t, ops[i])
+			if msg := done.GetError().GetMessage(); !strings.Contains(msg, "step validate_node failed") {
+				won = append(won, clusters[i])
+			} else if !strings.Contains(msg, "is taking it") && !strings.Contains(msg, "belongs to cluster") {
+				t.Errorf("round %d: the AddNodes through server %d failed at validate_node: %s; want another cluster taking or having the machine", round, i+1, msg)
+			}
+		}
+		m, err := drv.Machine(ctx, free.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch len(won) {
+		case 1:
+			// The winner's failure (at join_node) hands the machine
+			// back to the free pool; it is never the loser's.
+			if m.ClusterID != "" && "clusters/"+m.ClusterID != won[0] {
+				t.Errorf("round %d: the machine is %+v; want it free or the winner's (%s)", round, m, won[0])
+			}
+		case 2:
+			twoWinners++
+			t.Errorf("round %d: both AddNodes got past validate_node; the machine is in cluster %s", round, m.ClusterID)
+		default:
+			t.Errorf("round %d: neither AddNodes got past validate_node", round)
+		}
+	}
+	t.Logf("%d of %d rounds had two winners", twoWinners, rounds)
 }

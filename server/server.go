@@ -229,7 +229,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.infra = s.sim
 	if cfg.Infra == "libvirt" {
 		lc := cfg.Libvirt
-		lc.Guard, lc.Logger = libvirtGuard(s.store), s.log
+		// The driver fences on the store and takes free machines in it
+		// (its own table, which New migrates).
+		lc.Guard, lc.Takes, lc.Logger = libvirtGuard(s.store), s.store, s.log
 		if s.libvirt, err = libvirt.New(ctx, lc); err != nil {
 			_ = s.grpcLis.Close()
 			_ = s.httpLis.Close()

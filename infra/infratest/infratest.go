@@ -3,7 +3,9 @@
 // interface's types cannot say. Every step is idempotent, called twice and
 // after an interruption; reading an unknown machine, and every step on one
 // but destroy_machine (gone is destroyed), is infra.ErrNotFound;
-// validate_node of anything but a free running EXTERNAL machine, and any
+// validate_node of anything but a free running EXTERNAL machine, and of a
+// machine another cluster has just taken (through this driver or another
+// server's, Harness.Peer), and any
 // step of a job on another cluster's machine, is infra.ErrUnusable; calls
 // of a job that no longer holds its cluster are refused with
 // infra.ErrFenced and change nothing; listings are complete and oldest
@@ -76,6 +78,12 @@ type Harness struct {
 	// may take) and returns its id. Nil when the driver cannot: the cases
 	// that need one are skipped, saying so.
 	External func(ctx context.Context) (machineID string, err error)
+	// Peer is a second server's driver on the same machines and the same
+	// database as Infra (another clusterd process beside it), for the
+	// cases where servers race: validate_node of one free machine by two
+	// clusters through the two drivers must give it to exactly one. Nil:
+	// those cases are skipped, saying so.
+	Peer infra.Infrastructure
 	// Offerings are two service offerings the driver knows, the second to
 	// resize to (default "small", "medium").
 	Offerings []string

@@ -29,6 +29,7 @@ func TestConformance(t *testing.T) {
 				e := newEnvOn(t, b, nil)
 				return infratest.Harness{
 					Infra:  e.d,
+					Peer:   e.peer(t),
 					Holder: infratest.NewHolder(e.store),
 					External: func(ctx context.Context) (string, error) {
 						m, err := e.d.CreateMachine(ctx, infra.RoleExternal)

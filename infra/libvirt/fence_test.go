@@ -129,7 +129,7 @@ func TestJoinNeedsTheVersionsISO(t *testing.T) {
 	if err := e.d.AttachISO(ctx, c.call(m.ID), "kubernetes-1.29.9.iso"); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.d.JoinNode(ctx, c.call(m.ID), "1.30.2"); err == nil || !strings.Contains(err.Error(), "holds 1.29.9, not 1.30.2") {
+	if err := e.d.JoinNode(ctx, c.call(m.ID), "1.30.2"); err == nil || !strings.Contains(err.Error(), `holds version "1.29.9"`) {
 		t.Fatalf("join with another version's ISO: %v", err)
 	}
 	if got := e.machine(t, m.ID); got.Joined {

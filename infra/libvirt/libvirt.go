@@ -53,6 +53,11 @@
 // one a domain records is refused with infra.ErrFenced and changes nothing:
 // an adopted job's old attempt, resumed after a pause, cannot undo its
 // successor's work even between the successor's check and its change.
+//
+// Fencing orders one cluster's jobs, not two clusters': validate_node,
+// which takes a free machine into a cluster, is decided in the database
+// instead (Config.Takes; see takes.go), so that servers sharing a
+// libvirtd never give one machine to two clusters.
 package libvirt
 
 import (
@@ -141,6 +146,11 @@ type Config struct {
 	Offerings map[string]Offering
 	// Guard fences every change (required).
 	Guard Guard
+	// Takes is the database validate_node takes free machines in, so that
+	// of servers sharing this libvirtd exactly one gives a free machine to
+	// a cluster (see takes.go): the Store the Guard checks on. New
+	// migrates the driver's table there. Nil refuses every validate_node.
+	Takes TakeStore
 	// Agents talks to the node agents; nil is MemoryAgents for a test
 	// driver's URI, and the agents' sockets (SocketAgents) otherwise.
 	Agents Agents
@@ -174,6 +184,7 @@ type Driver struct {
 	initrd   string
 	offers   map[string]Offering
 	guard    Guard
+	takes    TakeStore
 	agents   Agents
 	shutdown time.Duration
 	// ownAgents: the driver made agents (Config.Agents was nil), and closes them.
@@ -200,7 +211,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	d := &Driver{
 		uri: cfg.URI, poolDir: cfg.PoolDir, pool: cfg.Pool, kernel: cfg.Kernel, initrd: cfg.Initrd,
-		offers: cfg.Offerings, guard: cfg.Guard, agents: cfg.Agents, shutdown: cfg.ShutdownTimeout,
+		offers: cfg.Offerings, guard: cfg.Guard, takes: cfg.Takes, agents: cfg.Agents, shutdown: cfg.ShutdownTimeout,
 		now: cfg.Clock, log: cfg.Logger, locks: map[string]*sync.Mutex{},
 	}
 	if d.uri == "" {
@@ -234,6 +245,11 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	u, err := url.Parse(d.uri)
 	if err != nil {
 		return nil, fmt.Errorf("libvirt driver: URI %q: %w", d.uri, err)
+	}
+	if d.takes != nil {
+		if err := Migrate(ctx, d.takes); err != nil {
+			return nil, err
+		}
 	}
 	test := strings.HasPrefix(u.Scheme, "test")
 	d.url = u

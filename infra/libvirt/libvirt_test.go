@@ -70,6 +70,9 @@ type env struct {
 	// filters is a raw connection to where the driver keeps network filters.
 	filters *golibvirt.Libvirt
 	pool    string
+	// dsn is the store's database, for a peer's store (peer).
+	dsn     string
+	poolDir string
 	record
 }
 
@@ -103,12 +106,19 @@ func newEnvOn(t *testing.T, b repotest.Backend, guard libvirt.Guard) *env {
 	e := &env{raw: dial(t, testURI()), pool: "clusterd-test-" + uuid.NewString()[:8]}
 	filters := dial(t, "qemu:///system")
 	e.filters = filters
-	e.store = repotest.Open(t, b)
+	e.dsn = b.NewDSN(t)
+	store, err := repository.Open(ctxT(t), e.dsn, repository.WithServerID("s1"))
+	if err != nil {
+		t.Fatalf("open %s store: %v", b.Name, err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	e.store = store
 	if guard == nil {
 		guard = storeGuard(e.store)
 	}
 	guard = recordingGuard{guard, e}
-	d, err := libvirt.New(ctxT(t), libvirt.Config{URI: testURI(), PoolDir: shortDir(t), Pool: e.pool, Guard: guard, ShutdownTimeout: time.Minute})
+	e.poolDir = shortDir(t)
+	d, err := libvirt.New(ctxT(t), libvirt.Config{URI: testURI(), PoolDir: e.poolDir, Pool: e.pool, Guard: guard, Takes: e.store, ShutdownTimeout: time.Minute})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -441,15 +441,19 @@ func (d *Driver) DeleteNode(ctx context.Context, c infra.Call) error {
 // ValidateNode takes a free, running EXTERNAL machine whose agent answers
 // into the call's cluster as a worker (infra.ErrUnusable otherwise). A
 // machine the call's cluster has already validates. Clusters racing for
-// one machine in one process are ordered by the machine's lock; across
-// servers, fencing orders each cluster's jobs but not two clusters' (the
-// domain's metadata has no compare-and-set).
+// one machine, from this server or others sharing the libvirtd, are
+// decided by the take (takes.go): one conditional insert in the database,
+// fenced with the call, before the domain's metadata is read; the others
+// get infra.ErrUnusable, or find the winner's cluster in the metadata.
 func (d *Driver) ValidateNode(ctx context.Context, c infra.Call) error {
 	const step = infra.StepValidateNode
 	if c.MachineID == "" || c.ClusterID == "" {
 		return fmt.Errorf("%s: the call must name a cluster and a machine", step)
 	}
-	if err := d.fence(ctx, step, c, "before"); err != nil {
+	if c.Operation == "" {
+		return fmt.Errorf("%s: the call names no job: %w", step, infra.ErrFenced)
+	}
+	if err := d.take(ctx, step, c); err != nil {
 		return err
 	}
 	err := d.changeLocked(ctx, step, c, false, func(dm *domain) error {
@@ -472,6 +476,9 @@ func (d *Driver) ValidateNode(ctx context.Context, c infra.Call) error {
 		dm.meta.Cluster, dm.meta.Role = c.ClusterID, string(infra.RoleWorker)
 		return d.writeMeta(ctx, dm.dom, dm.meta)
 	})
+	// The metadata now says who has the machine (or that it is not to be
+	// had): it is the record again.
+	d.release(ctx, c)
 	if errors.Is(err, infra.ErrNotFound) {
 		return fmt.Errorf("%s: no such machine %s: %w", step, c.MachineID, infra.ErrUnusable)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/infra/infratest"
 	"github.com/clusterd/clusterd/infra/sim"
+	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
@@ -18,14 +19,31 @@ func TestConformance(t *testing.T) {
 	for _, b := range repotest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			infratest.Run(t, func(t *testing.T) infratest.Harness {
-				store := repotest.Open(t, b)
-				s, err := sim.Open(context.Background(), store, sim.Config{})
-				if err != nil {
-					t.Fatal(err)
+				// Two servers' stores on one database, and a simulator
+				// on each (Peer).
+				dsn := b.NewDSN(t)
+				var sims []*sim.Simulator
+				var first *repository.Store
+				for i := range 2 {
+					store, err := repository.Open(context.Background(), dsn, repository.WithServerID(fmt.Sprintf("s%d", i+1)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { _ = store.Close() })
+					s, err := sim.Open(context.Background(), store, sim.Config{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					sims = append(sims, s)
+					if first == nil {
+						first = store
+					}
 				}
+				s := sims[0]
 				return infratest.Harness{
 					Infra:  s,
-					Holder: infratest.NewHolder(store),
+					Peer:   sims[1],
+					Holder: infratest.NewHolder(first),
 					External: func(ctx context.Context) (string, error) {
 						m, err := s.CreateMachine(ctx, infra.RoleExternal)
 						return m.ID, err
