@@ -576,8 +576,7 @@ func TestEffect_AddRemoveNodes(t *testing.T) {
 			// installs it (the model attaches the cluster's ISO to each
 			// added machine before it joins).
 			if v := ms[i].GetKubernetesVersion(); v != "1.30.2" {
-				t.Errorf("BUG: AddNodes joined %s without installing Kubernetes: its version is %q; want the cluster's 1.30.2 "+
-					"(service/nodes.go addWork adopts and joins the machine but never attaches the version's ISO or sets the version)", e.GetName(), v)
+				t.Errorf("AddNodes joined %s without installing Kubernetes: its version is %q; want the cluster's 1.30.2", e.GetName(), v)
 			}
 		}
 		// Everything else a node of the cluster must be, added ones too:

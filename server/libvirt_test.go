@@ -411,10 +411,8 @@ func TestWatchBackoff(t *testing.T) {
 // database and one libvirtd each run an AddNodes of the same free machine
 // into a cluster of their own, round after round. Exactly one operation
 // gets past validate_node each round, the other fails there, and the
-// machine is never the loser's in libvirt. (What happens
-// after validate_node is not this test's: an AddNodes on libvirt fails at
-// join_node today, since AddNodes attaches no ISO; see
-// TestEffect_AddRemoveNodes.)
+// machine is never the loser's in libvirt; the winner's succeeds, the
+// machine joined to its cluster at the cluster's version.
 func TestLibvirtTwoServersAddOneFreeMachineOnce(t *testing.T) {
 	const rounds = 3
 	var shared Config
@@ -466,6 +464,9 @@ func TestLibvirtTwoServersAddOneFreeMachineOnce(t *testing.T) {
 			done := h.wait(t, ops[i])
 			if msg := done.GetError().GetMessage(); !strings.Contains(msg, "step validate_node failed") {
 				won = append(won, clusters[i])
+				if done.GetError() != nil {
+					t.Errorf("round %d: the AddNodes through server %d got past validate_node and failed: %s", round, i+1, msg)
+				}
 			} else if !strings.Contains(msg, "is taking it") && !strings.Contains(msg, "belongs to cluster") {
 				t.Errorf("round %d: the AddNodes through server %d failed at validate_node: %s; want another cluster taking or having the machine", round, i+1, msg)
 			}
@@ -476,10 +477,8 @@ func TestLibvirtTwoServersAddOneFreeMachineOnce(t *testing.T) {
 		}
 		switch len(won) {
 		case 1:
-			// The winner's failure (at join_node) hands the machine
-			// back to the free pool; it is never the loser's.
-			if m.ClusterID != "" && "clusters/"+m.ClusterID != won[0] {
-				t.Errorf("round %d: the machine is %+v; want it free or the winner's (%s)", round, m, won[0])
+			if "clusters/"+m.ClusterID != won[0] || !m.Joined || m.KubernetesVersion != "1.30.2" || m.AttachedISO != "" {
+				t.Errorf("round %d: the machine is %+v; want it joined to the winner (%s) at 1.30.2, its ISO detached", round, m, won[0])
 			}
 		case 2:
 			twoWinners++

@@ -76,12 +76,15 @@ func (s *Clusters) checkAdd(ctx context.Context, c repository.Cluster, p nodesPl
 	return v.err()
 }
 
-// addWork adopts each machine (validate_node), converges the network rules
-// and joins the new nodes.
+// addWork adopts each machine (validate_node), converges the network rules,
+// installs the cluster's Kubernetes on the new nodes (its version's ISO
+// attached, as a scale's new workers get it) and joins them, then detaches
+// the ISOs.
 func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.Changes, error) {
-	o.expect(int32(2*len(p.Machines)) + 1)
+	// validate, network, attach, join, detach
+	o.expect(int32(4*len(p.Machines)) + 1)
 	// An adopted add skips the machines an earlier attempt adopted
-	// (validate_node) or joined already.
+	// (validate_node), gave the ISO or joined already.
 	mine := map[string]infra.Machine{}
 	if o.resumed() {
 		ms, err := s.infra.Machines(ctx, o.job.ResourceID)
@@ -92,6 +95,8 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 			mine[m.ID] = m
 		}
 	}
+	c := o.cluster
+	iso := isoFor(c.Spec.KubernetesVersion)
 	for _, id := range p.Machines {
 		if _, ok := mine[id]; ok {
 			o.expect(-1)
@@ -101,13 +106,21 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 			return repository.Changes{}, err
 		}
 	}
-	c := o.cluster
 	machines, err := s.infra.Machines(ctx, c.ID)
 	if err != nil {
 		return repository.Changes{}, err
 	}
 	if err := o.configureNetwork(ctx, machines); err != nil {
 		return repository.Changes{}, err
+	}
+	for _, id := range p.Machines {
+		if m, ok := mine[id]; ok && (m.Joined || m.AttachedISO == iso) {
+			o.expect(-1)
+			continue
+		}
+		if err := o.do(ctx, infra.StepAttachISO, func() error { return s.infra.AttachISO(ctx, o.call(id), iso) }); err != nil {
+			return repository.Changes{}, err
+		}
 	}
 	for _, id := range p.Machines {
 		if m, ok := mine[id]; ok && m.Joined {
@@ -117,6 +130,9 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 		if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(id), c.Spec.KubernetesVersion) }); err != nil {
 			return repository.Changes{}, err
 		}
+	}
+	if err := o.detachISOs(ctx, c.ID); err != nil {
+		return repository.Changes{}, err
 	}
 	spec := c.Spec
 	spec.WorkerNodeCount += int32(len(p.Machines))
