@@ -101,7 +101,9 @@ func TestKillLeavesNothingForAHuman(t *testing.T) {
 			name: "add-nodes@join_node#2", step: "join_node", second: true,
 			prepare: keyCase("add-nodes@validate_node#2").prepare, begin: keyCase("add-nodes@validate_node#2").begin,
 			during: clv1.Cluster_IMPORTING, after: clv1.Cluster_RUNNING,
-			repairs: map[string]int{"delete_node": 1, "configure_network": 1, "spec": 1},
+			// The joined machine keeps its node, its ISO detached; the
+			// other goes back to the pool.
+			repairs: map[string]int{"delete_node": 1, "detach_iso": 1, "configure_network": 1, "spec": 1},
 			next: func(t *testing.T, s *server, env *crashEnv, c *clv1.Cluster) {
 				s.healthy(t, c)
 			},
