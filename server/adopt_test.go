@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -203,6 +204,50 @@ func TestCreateOfADeadServerIsAdopted(t *testing.T) {
 		}
 		if want := []string{repository.ClusterCreated, repository.OperationAdopted, "START_REQUESTED", "OPERATION_SUCCEEDED"}; !slices.Equal(names, want) {
 			t.Errorf("history %v; want %v", names, want)
+		}
+	})
+}
+
+// A server never adopts a job its own runner still runs, whatever its
+// heartbeat looks like to the pass that offers the job. A pass that began
+// as this server's lease was about to lapse judges it by a cutoff later
+// than its last heartbeat (and its runner may still be ending an attempt
+// it handed off when the pass offers that attempt's job): such an adoption
+// used to commit, fail to start the job (already running here), hand it
+// off again and so use up an attempt, while the running attempt, fenced,
+// stopped. A job handed off with no attempt left was then failed by this
+// server's own scanner as one it lost (JOB_LOST). Here the adoption is
+// refused as a lost race, nothing is written, and the job runs on.
+func TestAJobThisServerRunsIsNotAdoptedByIt(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		r := newRig(t, b)
+		c := r.create("self", 2)
+		f := r.hold(infra.StepPowerOff, c.GetName())
+		op := r.accepted(r.stopCluster(c.GetName()))
+		r.heldBy(f)
+		id := operationUUID(op.GetName())
+		j, err := r.seed.GetJob(r.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A cutoff a minute ahead: this server's heartbeat is older, as it
+		// is to a pass that began just as the lease was about to lapse.
+		err = r.srv.clusters.Adopt(r.ctx, j, time.Now().Add(time.Minute), "test: its owner looks dead")
+		if !errors.Is(err, repository.ErrConflict) {
+			t.Errorf("adopting a job this server runs: %v; want a lost race (ErrConflict)", err)
+		}
+		if got, err := r.seed.GetJob(r.ctx, id); err != nil || got.Attempt != j.Attempt || got.HandedOff || got.ServerID != j.ServerID {
+			t.Fatalf("job after the refused adoption: attempt %d on %q, handed off %t (%v); want attempt %d on %q, not handed off",
+				got.Attempt, got.ServerID, got.HandedOff, err, j.Attempt, j.ServerID)
+		}
+		r.let(f)
+		if md := opMetadata(t, r.succeeded(op)); md.GetAttempt() != j.Attempt {
+			t.Errorf("operation ended at attempt %d; want the running attempt %d", md.GetAttempt(), j.Attempt)
+		}
+		for _, e := range r.history(c.GetName()) {
+			if e.Name == repository.OperationAdopted || e.Name == repository.OperationHandedOff {
+				t.Errorf("history has %s: %s", e.Name, e.Message)
+			}
 		}
 	})
 }
