@@ -178,9 +178,12 @@ func TestRestartAdoptsItsOwnJobAtStart(t *testing.T) {
 // A create whose server died before its first step (CREATED, held by a job
 // nobody runs) is adopted and creates the cluster, where --on-owner-loss=fail
 // turns it to ERROR (TestRecovery_CreatedClusterOfADeadServerGoesToError).
+// The ghost server has no row, so its job is adoptable whatever the peer
+// timeout; a minute of it keeps a loaded machine's late heartbeats from
+// lapsing the lease, which hands the job off and has it run a third attempt.
 func TestCreateOfADeadServerIsAdopted(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
-		h := start(t, b, func(c *Config) { c.ScanInterval = 50 * time.Millisecond })
+		h := start(t, b, func(c *Config) { c.ScanInterval, c.PeerTimeout = 50*time.Millisecond, time.Minute })
 		spec := repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 2, ServiceOffering: "medium"}
 		params, _ := json.Marshal(spec)
 		c, j, err := h.seed.CreateCluster(tctx(t), repository.NewCluster{Account: "acme", DisplayName: "orphan", Spec: spec},
@@ -220,7 +223,10 @@ func TestCreateOfADeadServerIsAdopted(t *testing.T) {
 // refused as a lost race, nothing is written, and the job runs on.
 func TestAJobThisServerRunsIsNotAdoptedByIt(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
-		r := newRig(t, b)
+		// A peer timeout of a minute: a loaded machine's late heartbeats do
+		// not lapse the lease (its job would be handed off, and with no scan
+		// pass nobody would adopt it).
+		r := newRig(t, b, func(c *Config) { c.PeerTimeout = time.Minute })
 		c := r.create("self", 2)
 		f := r.hold(infra.StepPowerOff, c.GetName())
 		op := r.accepted(r.stopCluster(c.GetName()))
