@@ -156,8 +156,8 @@ var cleanups []func()
 // without its work competing for the database.
 type parkedRunner struct{}
 
-func (parkedRunner) Reserve(string) func()   { return func() {} }
-func (parkedRunner) Start(runner.Task) error { return nil }
+func (parkedRunner) Reserve(string) (func(), error) { return func() {}, nil }
+func (parkedRunner) Start(runner.Task) error        { return nil }
 
 // openRaw opens the baselines' connections the way the repository opens its
 // own: on SQLite one writer (WAL, synchronous=NORMAL, immediate

@@ -31,6 +31,11 @@ type AdoptableQuery struct {
 	MaxAttempts int32
 	// Limit bounds the page; it must be positive.
 	Limit int
+	// Self is the server asking. Its own incarnation is alive whatever its
+	// heartbeat's age: a server acts only while it holds its lease, and a
+	// pass that began as the lease was about to lapse may hold a Cutoff
+	// later than its last heartbeat. Only its handed-off jobs are listed.
+	Self Server
 }
 
 // AdoptableJobs lists, oldest first, up to q.Limit IN_PROGRESS jobs that a
@@ -46,7 +51,7 @@ func (s *Store) AdoptableJobs(ctx context.Context, q AdoptableQuery) ([]Job, err
 	err := s.db.WithContext(ctx).Model(&jobRow{}).
 		Where("status = ? AND resource_id IS NOT NULL AND resource_id <> '' AND attempt < ? AND deadline > ?",
 			string(JobInProgress), q.MaxAttempts, q.Now.UTC()).
-		Where("handed_off OR NOT EXISTS (?)", s.liveOwner(q.Cutoff)).
+		Where("handed_off OR (NOT EXISTS (?) AND NOT (server_id = ? AND server_incarnation = ?))", s.liveOwner(q.Cutoff), q.Self.ID, q.Self.Incarnation).
 		Order("id").Limit(q.Limit).Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list adoptable jobs: %w", classify(err))
@@ -85,7 +90,9 @@ type Adoption struct {
 // its own compare-and-set with no state change: it keeps its state and its
 // current operation, the job its id. A job that no longer holds its cluster
 // is ErrNotHeld; any other miss is ErrConflict (someone else adopted or
-// ended it, or its owner is alive again). It returns the job as adopted.
+// ended it, or its owner is alive again, or it is the adopter's own
+// incarnation's and not handed off: see AdoptableQuery.Self). It returns
+// the job as adopted.
 func (s *Store) AdoptJob(ctx context.Context, a Adoption) (Job, error) {
 	j := a.Job
 	if j.ResourceID == "" {
@@ -103,7 +110,8 @@ func (s *Store) AdoptJob(ctx context.Context, a Adoption) (Job, error) {
 			return err
 		}
 		res := whereHeld(tx.Model(&jobRow{}), j.ID, j.Attempt).
-			Where("handed_off OR NOT EXISTS (?)", s.liveOwner(a.Cutoff)).
+			Where("handed_off OR (NOT EXISTS (?) AND NOT (server_id = ? AND server_incarnation = ?))",
+				s.liveOwner(a.Cutoff), a.Server.ID, a.Server.Incarnation).
 			Updates(map[string]any{
 				"server_id": a.Server.ID, "server_incarnation": a.Server.Incarnation,
 				"attempt": j.Attempt + 1, "handed_off": false, "update_time": s.stamp(),

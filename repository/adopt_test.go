@@ -75,6 +75,45 @@ func TestAdoptableJobs(t *testing.T) {
 	}
 }
 
+// A server is alive to itself: with a cutoff later than its own last
+// heartbeat (a pass that began as its lease was about to lapse), it neither
+// lists, adopts nor fails the jobs of its own incarnation, while a peer's
+// job with as old a heartbeat is a dead server's.
+func TestAServerIsNeverDeadToItself(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			now := noon
+			s := openAt(t, b, &now)
+			ctx := ctxT(t)
+			self, _ := s.RegisterServer(ctx, "me")
+			_, mine := claimOn(t, s, "a", self)
+			peer, _ := s.RegisterServer(ctx, "peer")
+			_, peerJob := claimOn(t, s, "b", peer)
+			cutoff := now.Add(time.Second) // later than both heartbeats
+			jobs, err := s.AdoptableJobs(ctx, repository.AdoptableQuery{Cutoff: cutoff, Now: now, MaxAttempts: 3, Limit: 100, Self: self})
+			var ids []string
+			for _, j := range jobs {
+				ids = append(ids, j.ID)
+			}
+			if err != nil || !slices.Equal(ids, []string{peerJob.ID}) {
+				t.Errorf("adoptable to %s = %v, %v; want only the peer's job %s (not its own %s)", self.ID, ids, err, peerJob.ID, mine.ID)
+			}
+			if _, err := s.AdoptJob(ctx, repository.Adoption{Job: mine, Server: self, Cutoff: cutoff}); !errors.Is(err, repository.ErrConflict) {
+				t.Errorf("adoption of its own job: %v; want ErrConflict", err)
+			}
+			if _, stopped, err := s.FailJobsOfDeadServers(ctx, self, cutoff, nil, errJSON("server restarted"), errJSON("owner server stopped")); err != nil || stopped != 1 {
+				t.Errorf("FailJobsOfDeadServers = %d stopped, %v; want the peer's job only", stopped, err)
+			}
+			if j, _ := s.GetJob(ctx, mine.ID); j.Status != repository.JobInProgress || j.Attempt != mine.Attempt || j.ServerID != self.ID {
+				t.Errorf("own job: %s at attempt %d on %s; want IN_PROGRESS at attempt %d on %s", j.Status, j.Attempt, j.ServerID, mine.Attempt, self.ID)
+			}
+			if j, _ := s.GetJob(ctx, peerJob.ID); j.Status != repository.JobFailed {
+				t.Errorf("peer's job: %s; want FAILED", j.Status)
+			}
+		})
+	}
+}
+
 // An adoption is one compare-and-set on the job: it moves the job to the
 // adopter and bumps the attempt; the cluster keeps its state and its
 // operation and records OPERATION_ADOPTED; the old owner's progress, end,

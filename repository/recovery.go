@@ -26,7 +26,9 @@ const (
 
 // FailJobsOfDeadServers ends every IN_PROGRESS job whose owner is not alive
 // (SPEC §5): its server row is missing, carries another incarnation (the
-// process restarted), or has not heartbeaten since cutoff. Jobs of self's
+// process restarted), or has not heartbeaten since cutoff; self's own
+// incarnation is alive whatever its heartbeat's age (see
+// AdoptableQuery.Self), its lost jobs are the scanner's to find. Jobs of self's
 // earlier incarnations fail with the stored error restartedErr, the others
 // with stoppedErr (the caller encodes both). The update is conditioned on
 // IN_PROGRESS, so two live servers never both end a job, and it never looks
@@ -63,9 +65,10 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff t
 		return s.db.Model(&serverRow{}).Select("1").
 			Where("servers.id = jobs.server_id AND (jobs.server_incarnation = '' OR servers.incarnation = jobs.server_incarnation) AND servers.heartbeat_time >= ?", cutoff.UTC())
 	}
+	notSelf := "NOT (server_id = ? AND server_incarnation = ?)"
 	var orphaned []string
 	err = bound(s.rdb.WithContext(ctx).Model(&jobRow{}).
-		Where("status = ? AND NOT EXISTS (?)", string(JobInProgress), live())).
+		Where("status = ? AND NOT EXISTS (?)", string(JobInProgress), live()).Where(notSelf, self.ID, self.Incarnation)).
 		Order("id").Pluck("id", &orphaned).Error
 	if err != nil {
 		return restarted, 0, fmt.Errorf("find jobs of dead servers: %w", classify(err))
@@ -73,7 +76,7 @@ func (s *Store) FailJobsOfDeadServers(ctx context.Context, self Server, cutoff t
 	// The owner is checked again in the write: a server seen dead that
 	// heartbeat since keeps its jobs.
 	if stopped, err = s.failJobs(ctx, orphaned, stoppedErr, func(db *gorm.DB) *gorm.DB {
-		return db.Where("NOT EXISTS (?)", live())
+		return db.Where("NOT EXISTS (?)", live()).Where(notSelf, self.ID, self.Incarnation)
 	}); err != nil {
 		return restarted, 0, fmt.Errorf("fail jobs of dead servers: %w", err)
 	}

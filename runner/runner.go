@@ -130,6 +130,10 @@ var (
 	// ErrDeadline is the cause given to Task.Release when the job ran past its
 	// deadline (SPEC §4); the job ends FAILED with DEADLINE_EXCEEDED.
 	ErrDeadline = errors.New("operation deadline exceeded")
+	// ErrListed: Reserve was asked for a job this runner lists already (it
+	// runs here, is still ending here, or is reserved by a claim in
+	// flight), so this server must not claim or adopt it again.
+	ErrListed = errors.New("job already listed on this server's runner")
 	// ErrStopped: Start was called after Shutdown. The caller's claim is
 	// already written, so the caller must end the job itself (or leave it to
 	// recovery once this server is gone).
@@ -385,24 +389,34 @@ func (r *Runner) watch() {
 	}
 }
 
-// Reserve lists a job id as running before the claim that creates the job
-// commits, so that no moment exists when the job is IN_PROGRESS in the
-// database but unknown to this runner (the scanner fails such jobs as
-// lost). The caller must Start the job, or call the returned release if the
-// claim failed; release after Start does nothing.
-func (r *Runner) Reserve(jobID string) (release func()) {
+// Reserve lists a job id as running before the claim that creates the job,
+// or the adoption that makes it this server's, commits, so that no moment
+// exists when the job is IN_PROGRESS in the database but unknown to this
+// runner (the scanner fails such jobs as lost). The caller must Start the
+// job, or call the returned release if the claim failed; release after
+// Start does nothing.
+//
+// A job listed here already is refused (ErrListed, with a release that does
+// nothing): it runs here, or its attempt is still recording its end or its
+// hand-off, or another claim reserved it. Its adoption would commit a new
+// attempt that Start then refuses, fencing the attempt that runs.
+func (r *Runner) Reserve(jobID string) (release func(), err error) {
 	r.mu.Lock()
-	if _, ok := r.running[jobID]; !ok {
+	_, listed := r.running[jobID]
+	if !listed {
 		r.running[jobID] = nil
 	}
 	r.mu.Unlock()
+	if listed {
+		return func() {}, fmt.Errorf("reserve job %s: %w", jobID, ErrListed)
+	}
 	return func() {
 		r.mu.Lock()
 		if cancel, ok := r.running[jobID]; ok && cancel == nil {
 			delete(r.running, jobID)
 		}
 		r.mu.Unlock()
-	}
+	}, nil
 }
 
 // Running returns the ids of the jobs running in this process (and those

@@ -883,9 +883,20 @@ func TestStartRefusesBadTasks(t *testing.T) {
 
 func TestReserveListsAJobBeforeItsClaimCommits(t *testing.T) {
 	r := runner.New(runner.Config{})
-	release := r.Reserve("job-1")
+	release, err := r.Reserve("job-1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if got := r.Running(); len(got) != 1 || got[0] != "job-1" {
 		t.Fatalf("Running() after Reserve = %v; want [job-1]", got)
+	}
+	again, err := r.Reserve("job-1")
+	if !errors.Is(err, runner.ErrListed) {
+		t.Errorf("second Reserve of a reserved job: %v; want ErrListed", err)
+	}
+	again() // the refused reservation lets go of nothing
+	if got := r.Running(); len(got) != 1 || got[0] != "job-1" {
+		t.Fatalf("Running() after the refused reservation's release = %v; want [job-1]", got)
 	}
 	release() // the claim failed
 	if got := r.Running(); len(got) != 0 {
@@ -894,4 +905,41 @@ func TestReserveListsAJobBeforeItsClaimCommits(t *testing.T) {
 	if err := r.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A job that runs here, until its end is written, is refused a reservation
+// (the adoption of a job its own server runs, SPEC §5 step 4): the
+// adoption would fence the running attempt and start none. Once the job
+// has ended it may be reserved again.
+func TestReserveRefusesAJobThatRunsHere(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		held, job := starting(t, e, "web", inAnHour())
+		gate := make(chan struct{})
+		run := func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
+			hold(ctx, gate)
+			return runner.Outcome{Release: succeed(held)}, nil
+		}
+		if err := e.r.Start(runner.Task{Job: job, Run: run}); err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		release, err := e.r.Reserve(job.ID)
+		if !errors.Is(err, runner.ErrListed) {
+			t.Errorf("Reserve of a job running here: %v; want ErrListed", err)
+		}
+		release()
+		if got := e.r.Running(); !slices.Contains(got, job.ID) {
+			t.Errorf("Running() after the refused reservation's release = %v; want the running job listed", got)
+		}
+		close(gate)
+		if got := ended(t, e, job.ID); got.Status != repository.JobSucceeded {
+			t.Errorf("job = %s; want SUCCEEDED", got.Status)
+		}
+		// OnDone (ended) follows the job's removal from the list.
+		release, err = e.r.Reserve(job.ID)
+		if err != nil {
+			t.Errorf("Reserve of a job that ended here: %v", err)
+		}
+		release()
+		stop(t, e)
+	})
 }

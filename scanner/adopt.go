@@ -40,7 +40,7 @@ type cannotResume interface{ CannotResume() bool }
 func (s *Scanner) adopt(ctx context.Context, r *Report, cutoff, began time.Time) *repository.Offer {
 	offer := &repository.Offer{Before: began, Now: s.now(), MaxAttempts: s.cfg.MaxAttempts}
 	jobs, err := s.cfg.Store.AdoptableJobs(ctx, repository.AdoptableQuery{
-		Cutoff: cutoff, Now: offer.Now, MaxAttempts: offer.MaxAttempts, Limit: adoptLimit,
+		Cutoff: cutoff, Now: offer.Now, MaxAttempts: offer.MaxAttempts, Limit: adoptLimit, Self: s.cfg.Self,
 	})
 	if err != nil {
 		r.fail(fmt.Errorf("adoption: %w", err))

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -177,9 +178,12 @@ func TestRestartAdoptsItsOwnJobAtStart(t *testing.T) {
 // A create whose server died before its first step (CREATED, held by a job
 // nobody runs) is adopted and creates the cluster, where --on-owner-loss=fail
 // turns it to ERROR (TestRecovery_CreatedClusterOfADeadServerGoesToError).
+// The ghost server has no row, so its job is adoptable whatever the peer
+// timeout; a minute of it keeps a loaded machine's late heartbeats from
+// lapsing the lease, which hands the job off and has it run a third attempt.
 func TestCreateOfADeadServerIsAdopted(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
-		h := start(t, b, func(c *Config) { c.ScanInterval = 50 * time.Millisecond })
+		h := start(t, b, func(c *Config) { c.ScanInterval, c.PeerTimeout = 50*time.Millisecond, time.Minute })
 		spec := repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 2, ServiceOffering: "medium"}
 		params, _ := json.Marshal(spec)
 		c, j, err := h.seed.CreateCluster(tctx(t), repository.NewCluster{Account: "acme", DisplayName: "orphan", Spec: spec},
@@ -203,6 +207,53 @@ func TestCreateOfADeadServerIsAdopted(t *testing.T) {
 		}
 		if want := []string{repository.ClusterCreated, repository.OperationAdopted, "START_REQUESTED", "OPERATION_SUCCEEDED"}; !slices.Equal(names, want) {
 			t.Errorf("history %v; want %v", names, want)
+		}
+	})
+}
+
+// A server never adopts a job its own runner still runs, whatever its
+// heartbeat looks like to the pass that offers the job. A pass that began
+// as this server's lease was about to lapse judges it by a cutoff later
+// than its last heartbeat (and its runner may still be ending an attempt
+// it handed off when the pass offers that attempt's job): such an adoption
+// used to commit, fail to start the job (already running here), hand it
+// off again and so use up an attempt, while the running attempt, fenced,
+// stopped. A job handed off with no attempt left was then failed by this
+// server's own scanner as one it lost (JOB_LOST). Here the adoption is
+// refused as a lost race, nothing is written, and the job runs on.
+func TestAJobThisServerRunsIsNotAdoptedByIt(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		// A peer timeout of a minute: a loaded machine's late heartbeats do
+		// not lapse the lease (its job would be handed off, and with no scan
+		// pass nobody would adopt it).
+		r := newRig(t, b, func(c *Config) { c.PeerTimeout = time.Minute })
+		c := r.create("self", 2)
+		f := r.hold(infra.StepPowerOff, c.GetName())
+		op := r.accepted(r.stopCluster(c.GetName()))
+		r.heldBy(f)
+		id := operationUUID(op.GetName())
+		j, err := r.seed.GetJob(r.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A cutoff a minute ahead: this server's heartbeat is older, as it
+		// is to a pass that began just as the lease was about to lapse.
+		err = r.srv.clusters.Adopt(r.ctx, j, time.Now().Add(time.Minute), "test: its owner looks dead")
+		if !errors.Is(err, repository.ErrConflict) {
+			t.Errorf("adopting a job this server runs: %v; want a lost race (ErrConflict)", err)
+		}
+		if got, err := r.seed.GetJob(r.ctx, id); err != nil || got.Attempt != j.Attempt || got.HandedOff || got.ServerID != j.ServerID {
+			t.Fatalf("job after the refused adoption: attempt %d on %q, handed off %t (%v); want attempt %d on %q, not handed off",
+				got.Attempt, got.ServerID, got.HandedOff, err, j.Attempt, j.ServerID)
+		}
+		r.let(f)
+		if md := opMetadata(t, r.succeeded(op)); md.GetAttempt() != j.Attempt {
+			t.Errorf("operation ended at attempt %d; want the running attempt %d", md.GetAttempt(), j.Attempt)
+		}
+		for _, e := range r.history(c.GetName()) {
+			if e.Name == repository.OperationAdopted || e.Name == repository.OperationHandedOff {
+				t.Errorf("history has %s: %s", e.Name, e.Message)
+			}
 		}
 	})
 }

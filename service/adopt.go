@@ -43,7 +43,19 @@ func (s *Clusters) Adopt(ctx context.Context, j repository.Job, cutoff time.Time
 		j.Kind, s.serverID, j.ServerID, reason, j.Attempt+1, from)
 	// Listed as this server's before the write commits, as a claim is, so
 	// this server's scanner never takes the adopted job for one it lost.
-	defer s.runner.Reserve(j.ID)()
+	// A job the runner lists already is this server's own, alive: it runs
+	// here (a pass that began as the lease was about to lapse judges this
+	// server by a cutoff later than its last heartbeat), or its attempt,
+	// handed off, is still letting go of it. Adopting it would fence the
+	// running attempt, fail to start the new one and hand it off again, an
+	// attempt spent; the last one, handed off, this server's scanner would
+	// fail as lost. It is a lost race: nothing is written, and a handed-off
+	// job is offered again at the next pass.
+	release, err := s.runner.Reserve(j.ID)
+	if err != nil {
+		return fmt.Errorf("adopt job %s: %w: %w", j.ID, err, repository.ErrConflict)
+	}
+	defer release()
 	adopted, err := s.store.AdoptJob(ctx, repository.Adoption{
 		Job: j, Server: repository.Server{ID: s.serverID, Incarnation: s.incarnation}, Cutoff: cutoff, Message: msg,
 	})

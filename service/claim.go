@@ -224,7 +224,11 @@ func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb stri
 		return nil, fmt.Errorf("encode %s parameters: %w", verb, err)
 	}
 	nj := s.newJob(verb, key, string(raw))
-	defer s.runner.Reserve(nj.ID)()
+	release, err := s.runner.Reserve(nj.ID)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", verb, err)
+	}
+	defer release()
 	c, job, err := s.store.Claim(ctx, t, nj)
 	if err != nil {
 		return nil, err

@@ -50,7 +50,11 @@ func (s *Clusters) create(ctx context.Context, nc repository.NewCluster, key ide
 	}
 	params, _ := json.Marshal(nc.Spec)
 	nj := s.newJob(VerbCreate, key, string(params))
-	defer s.runner.Reserve(nj.ID)()
+	release, err := s.runner.Reserve(nj.ID)
+	if err != nil {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	defer release()
 	c, job, err := s.store.CreateCluster(ctx, nc, nj)
 	if err != nil {
 		return nil, err

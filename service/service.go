@@ -38,9 +38,10 @@ type Store interface {
 
 // JobStarter runs claimed jobs asynchronously (the runner). Reserve lists a
 // job as this server's before its claim commits, so the scanner never sees
-// it IN_PROGRESS yet unknown to the runner.
+// it IN_PROGRESS yet unknown to the runner, and refuses one it lists
+// already, so this server never adopts a job it runs.
 type JobStarter interface {
-	Reserve(jobID string) (release func())
+	Reserve(jobID string) (release func(), err error)
 	Start(t runner.Task) error
 }
 
