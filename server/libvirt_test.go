@@ -18,6 +18,7 @@ import (
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/infra/libvirt"
+	"github.com/clusterd/clusterd/infra/libvirt/libvirttest"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 )
@@ -138,19 +139,9 @@ func startLibvirt(t *testing.T, mutate ...func(*Config)) (*harness, *golibvirt.L
 	made := new([]string)
 	t.Cleanup(func() {
 		for _, id := range *made {
-			if dom, err := raw.DomainLookupByName(libvirt.DomainName(id)); err == nil {
-				_ = raw.DomainDestroy(dom)
-				_ = raw.DomainUndefineFlags(dom, 0)
-			}
+			libvirttest.RemoveDomain(raw, id)
 		}
-		if p, err := raw.StoragePoolLookupByName(pool); err == nil {
-			vols, _, _ := raw.StoragePoolListAllVolumes(p, 1, 0)
-			for _, v := range vols {
-				_ = raw.StorageVolDelete(v, 0)
-			}
-			_ = raw.StoragePoolDestroy(p)
-			_ = raw.StoragePoolUndefine(p)
-		}
+		libvirttest.RemovePool(raw, pool)
 	})
 	h := start(t, repotest.Backends(t)[0], append([]func(*Config){func(c *Config) {
 		c.Infra = "libvirt"
@@ -318,18 +309,8 @@ func TestLibvirtOrphanMachinesAreRemoved(t *testing.T) {
 	othersID, othersCluster := uuid.NewString(), uuid.NewString()
 	removeFilter(t, othersCluster)
 	t.Cleanup(func() {
-		if dom, err := raw.DomainLookupByName(libvirt.DomainName(othersID)); err == nil {
-			_ = raw.DomainDestroy(dom)
-			_ = raw.DomainUndefineFlags(dom, 0)
-		}
-		if p, err := raw.StoragePoolLookupByName(otherPool); err == nil {
-			vols, _, _ := raw.StoragePoolListAllVolumes(p, 1, 0)
-			for _, v := range vols {
-				_ = raw.StorageVolDelete(v, 0)
-			}
-			_ = raw.StoragePoolDestroy(p)
-			_ = raw.StoragePoolUndefine(p)
-		}
+		libvirttest.RemoveDomain(raw, othersID)
+		libvirttest.RemovePool(raw, otherPool)
 		_ = other.Close()
 	})
 	if _, err := other.ProvisionMachine(ctx, infra.Call{ClusterID: othersCluster, Operation: "other", Attempt: 1}, othersID, infra.RoleWorker, "small", "1.30.2"); err != nil {

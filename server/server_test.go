@@ -60,6 +60,11 @@ func startOn(t testing.TB, dsn string, mutate ...func(*Config)) *harness {
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HealthInterval: 50 * time.Millisecond,
 		// The scanner passes once at start; tests of recovery ask for more.
 		ScanInterval: time.Hour, ReconcileInterval: time.Hour,
+		// A loaded machine delays heartbeats by seconds: with the default
+		// 2.5 s a server may lose its lease and hand its operation off to
+		// a scanner that never passes again. Tests of liveness set their
+		// own.
+		PeerTimeout: time.Minute,
 	}
 	for _, m := range mutate {
 		m(&cfg)

@@ -11,6 +11,7 @@ import (
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/infra/infratest"
 	"github.com/clusterd/clusterd/infra/libvirt"
+	"github.com/clusterd/clusterd/infra/libvirt/libvirttest"
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
@@ -49,10 +50,7 @@ func TestConformance(t *testing.T) {
 func (e *env) remove(_ context.Context, machines, clusters []string) error {
 	for _, id := range machines {
 		e.track(id, "")
-		if dom, err := e.raw.DomainLookupByName(libvirt.DomainName(id)); err == nil {
-			_ = e.raw.DomainDestroy(dom)
-			_ = e.raw.DomainUndefineFlags(dom, 0)
-		}
+		libvirttest.RemoveDomain(e.raw, id)
 		if p, err := e.raw.StoragePoolLookupByName(e.pool); err == nil {
 			if v, err := e.raw.StorageVolLookupByName(p, volume(id)); err == nil {
 				_ = e.raw.StorageVolDelete(v, 0)

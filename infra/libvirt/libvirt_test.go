@@ -16,6 +16,7 @@ import (
 
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/infra/libvirt"
+	"github.com/clusterd/clusterd/infra/libvirt/libvirttest"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 )
@@ -130,19 +131,9 @@ func newEnvOn(t *testing.T, b repotest.Backend, guard libvirt.Guard) *env {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		for id := range e.machines {
-			if dom, err := e.raw.DomainLookupByName(libvirt.DomainName(id)); err == nil {
-				_ = e.raw.DomainDestroy(dom)
-				_ = e.raw.DomainUndefineFlags(dom, 0)
-			}
+			libvirttest.RemoveDomain(e.raw, id)
 		}
-		if p, err := e.raw.StoragePoolLookupByName(e.pool); err == nil {
-			vols, _, _ := e.raw.StoragePoolListAllVolumes(p, 1, 0)
-			for _, v := range vols {
-				_ = e.raw.StorageVolDelete(v, 0)
-			}
-			_ = e.raw.StoragePoolDestroy(p)
-			_ = e.raw.StoragePoolUndefine(p)
-		}
+		libvirttest.RemovePool(e.raw, e.pool)
 		for c := range e.clusters {
 			if f, err := filters.NwfilterLookupByName(libvirt.FilterName(c)); err == nil {
 				_ = filters.NwfilterUndefine(f)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/infra/libvirt"
+	"github.com/clusterd/clusterd/infra/libvirt/libvirttest"
 )
 
 // TestQEMUMachine boots one real VM (QEMU, TCG) on qemu:///system from the
@@ -56,18 +57,8 @@ func TestQEMUMachine(t *testing.T) {
 	}
 	id := uuid.NewString()
 	t.Cleanup(func() {
-		if dom, err := raw.DomainLookupByName(libvirt.DomainName(id)); err == nil {
-			_ = raw.DomainDestroy(dom)
-			_ = raw.DomainUndefineFlags(dom, 0)
-		}
-		if p, err := raw.StoragePoolLookupByName(pool); err == nil {
-			vols, _, _ := raw.StoragePoolListAllVolumes(p, 1, 0)
-			for _, v := range vols {
-				_ = raw.StorageVolDelete(v, 0)
-			}
-			_ = raw.StoragePoolDestroy(p)
-			_ = raw.StoragePoolUndefine(p)
-		}
+		libvirttest.RemoveDomain(raw, id)
+		libvirttest.RemovePool(raw, pool)
 		_ = d.Close()
 	})
 	c := infra.Call{ClusterID: uuid.NewString(), Operation: uuid.NewString(), Attempt: 1, MachineID: id}
