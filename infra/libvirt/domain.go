@@ -160,15 +160,43 @@ func (d *Driver) power(dom golibvirt.Domain) (infra.Power, error) {
 // running says whether the domain's guest runs (running, blocked in the
 // hypervisor, or paused).
 func (d *Driver) running(dom golibvirt.Domain) (bool, error) {
+	state, err := d.state(dom)
+	return isRunning(state), err
+}
+
+func (d *Driver) state(dom golibvirt.Domain) (golibvirt.DomainState, error) {
 	state, _, err := d.conn().DomainGetState(dom, 0)
 	if err != nil {
-		return false, fmt.Errorf("state of domain %s: %w", dom.Name, err)
+		return 0, fmt.Errorf("state of domain %s: %w", dom.Name, err)
 	}
-	switch golibvirt.DomainState(state) {
+	return golibvirt.DomainState(state), nil
+}
+
+func isRunning(s golibvirt.DomainState) bool {
+	switch s {
 	case golibvirt.DomainRunning, golibvirt.DomainBlocked, golibvirt.DomainPaused:
-		return true, nil
+		return true
 	}
-	return false, nil
+	return false
+}
+
+// settled returns the domain's state once it is not being shut down. A
+// guest that has powered itself off (the ACPI shutdown power_off asks for)
+// is DomainShutdown until libvirt has ended its QEMU, which takes seconds
+// on a loaded host: a start in that window is refused as "already
+// running", and the guest is gone a moment later.
+func (d *Driver) settled(ctx context.Context, dom golibvirt.Domain) (golibvirt.DomainState, error) {
+	for {
+		state, err := d.state(dom)
+		if err != nil || state != golibvirt.DomainShutdown {
+			return state, err
+		}
+		select {
+		case <-ctx.Done():
+			return state, fmt.Errorf("domain %s is still shutting down: %w", dom.Name, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // Machines lists the domains carrying clusterd's metadata, of the given

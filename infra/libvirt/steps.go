@@ -97,8 +97,8 @@ func (d *Driver) start(ctx context.Context, dom golibvirt.Domain) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	running, err := d.running(dom)
-	if err != nil || running {
+	state, err := d.settled(ctx, dom)
+	if err != nil || isRunning(state) {
 		return err
 	}
 	if err := d.conn().DomainCreate(dom); err != nil && libvirtCode(err) != golibvirt.ErrOperationInvalid {
@@ -186,8 +186,10 @@ func (d *Driver) PowerOff(ctx context.Context, c infra.Call) error {
 }
 
 func (d *Driver) stop(ctx context.Context, dom golibvirt.Domain) error {
-	running, err := d.running(dom)
-	if err != nil || !running {
+	// Off means shut off: a guest still being shut down has a QEMU, which
+	// a start right after would find "already running".
+	state, err := d.settled(ctx, dom)
+	if err != nil || !isRunning(state) {
 		return err
 	}
 	// A guest that cannot be asked (paused, or stopped meanwhile) is
@@ -201,7 +203,7 @@ func (d *Driver) stop(ctx context.Context, dom golibvirt.Domain) error {
 		defer tick.Stop()
 	wait:
 		for {
-			if running, err = d.running(dom); err != nil || !running {
+			if state, err = d.settled(ctx, dom); err != nil || !isRunning(state) {
 				return err
 			}
 			select {
