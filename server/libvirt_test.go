@@ -37,14 +37,7 @@ func TestLibvirtClusterLifecycle(t *testing.T) {
 	c := h.create(t, "lv", 1)
 	t.Logf("create (1 control + 1 worker): %v", time.Since(began).Round(time.Millisecond))
 	id := strings.TrimPrefix(c.GetName(), "clusters/")
-	removeFilter(t, id)
-	ms, err := drv.Machines(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
-		*made = append(*made, m.ID)
-	}
+	ms := trackMachines(t, drv, id, made)
 	if len(ms) != 2 {
 		t.Fatalf("machines of the cluster: %+v; want a control and a worker", ms)
 	}
@@ -151,6 +144,21 @@ func startLibvirt(t *testing.T, mutate ...func(*Config)) (*harness, *golibvirt.L
 }
 
 // removeFilter undefines cluster id's network filter when the test ends.
+// trackMachines lists cluster id's machines, adds them to made (removed
+// when the test ends) and has the cluster's network filter removed too.
+func trackMachines(t *testing.T, drv *libvirt.Driver, id string, made *[]string) []infra.Machine {
+	t.Helper()
+	removeFilter(t, id)
+	ms, err := drv.Machines(tctx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		*made = append(*made, m.ID)
+	}
+	return ms
+}
+
 func removeFilter(t *testing.T, id string) {
 	t.Cleanup(func() {
 		if q, err := golibvirt.ConnectToURI(&url.URL{Scheme: "qemu", Path: "/system"}); err == nil {
@@ -189,14 +197,7 @@ func TestLibvirtOutOfBandPowerAlertsAndRecovers(t *testing.T) {
 	drv := h.srv.libvirt
 	c := h.create(t, "lv", 1)
 	id := strings.TrimPrefix(c.GetName(), "clusters/")
-	removeFilter(t, id)
-	ms, err := drv.Machines(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
-		*made = append(*made, m.ID)
-	}
+	ms := trackMachines(t, drv, id, made)
 	if len(ms) != 2 {
 		t.Fatalf("machines of the cluster: %+v; want a control and a worker", ms)
 	}
@@ -257,14 +258,7 @@ func TestLibvirtOrphanMachinesAreRemoved(t *testing.T) {
 	drv := h.srv.libvirt
 	live := h.create(t, "live", 1)
 	liveID := strings.TrimPrefix(live.GetName(), "clusters/")
-	removeFilter(t, liveID)
-	liveMachines, err := drv.Machines(ctx, liveID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range liveMachines {
-		*made = append(*made, m.ID)
-	}
+	liveMachines := trackMachines(t, drv, liveID, made)
 	gone := h.create(t, "gone", 1)
 	goneID := strings.TrimPrefix(gone.GetName(), "clusters/")
 	removeFilter(t, goneID)
@@ -410,15 +404,7 @@ func TestLibvirtTwoServersAddOneFreeMachineOnce(t *testing.T) {
 		for i, h := range servers {
 			c := h.create(t, fmt.Sprintf("r%d-%d", round, i), 1)
 			clusters[i] = c.GetName()
-			id := strings.TrimPrefix(c.GetName(), "clusters/")
-			removeFilter(t, id)
-			ms, err := drv.Machines(ctx, id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range ms {
-				*made = append(*made, m.ID)
-			}
+			trackMachines(t, drv, strings.TrimPrefix(c.GetName(), "clusters/"), made)
 		}
 		free, err := drv.CreateMachine(ctx, infra.RoleExternal)
 		if err != nil {
