@@ -125,6 +125,7 @@ func newBudgetEnv(t *testing.T, b repotest.Backend) *budgetEnv {
 		if err != nil {
 			t.Fatal(err)
 		}
+		repotest.SeedCatalog(t, s)
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}
