@@ -82,6 +82,9 @@ type request struct {
 	check func(ctx context.Context, c repository.Cluster) error
 	// work runs the operation's steps once the claim has committed.
 	work workFunc
+	// uses are the catalog entries the claim takes in its transaction (an
+	// upgrade's target version, a scale's new offering).
+	uses repository.Uses
 }
 
 // idempotency is what identifies one client request across retries
@@ -210,6 +213,7 @@ func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key 
 	}
 	t := repository.Move(c, d)
 	t.Message = fmt.Sprintf("%s requested", r.verb)
+	t.Uses = r.uses
 	return s.claim(ctx, t, r.verb, key, r.params, r.work)
 }
 
