@@ -74,10 +74,11 @@ type Transition struct {
 	// releases the cluster.
 	Operation string
 	Changes   Changes
-	// Uses are the catalog entries the write needs ENABLED and takes in
-	// its transaction (an upgrade's target version, a scale's new
-	// offering); a claim's job records the version and offering as its
-	// targets, so a delete of either is refused while the job runs.
+	// Uses are the catalog entries a Claim needs ENABLED and takes in its
+	// transaction (an upgrade's target version, a scale's new offering);
+	// the claim's job records the version and offering as its targets, so
+	// a delete of either is refused while the job runs. Transition, which
+	// starts no operation, ignores them.
 	Uses Uses
 	// History names the history entry of a write without an Event (default
 	// OPERATION_ENDED), e.g. RECOVERY_STARTED when recovery takes over an

@@ -286,6 +286,28 @@ func TestCatalog_Rules(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.wait(t, op)
+		// A DISABLED offering keeps its clusters scaling within it, and
+		// takes no cluster onto it.
+		disable := func(name string, st clv1.CatalogState) {
+			t.Helper()
+			if _, err := cat.UpdateServiceOffering(ctx, &clv1.UpdateServiceOfferingRequest{
+				ServiceOffering: &clv1.ServiceOffering{Name: "serviceOfferings/" + name, State: st},
+				UpdateMask:      &fieldmaskpb.FieldMask{Paths: []string{"state"}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		disable("medium", clv1.CatalogState_DISABLED)
+		disable("large", clv1.CatalogState_DISABLED)
+		op, err = h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: plain.GetName(), WorkerNodeCount: new(int32(2))})
+		fxDone(t, h, op, err)
+		_, err = h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: plain.GetName(), ServiceOffering: "large"})
+		refused(t, "scale onto a disabled offering", err, codes.FailedPrecondition, service.ReasonCatalogEntryUnusable)
+		disable("large", clv1.CatalogState_ENABLED)
+		op, err = h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: plain.GetName(), ServiceOffering: "large"})
+		fxDone(t, h, op, err)
+		_, err = cat.DeleteServiceOffering(ctx, &clv1.DeleteServiceOfferingRequest{Name: "serviceOfferings/medium"})
+		refused(t, "delete the workers' offering of web", err, codes.FailedPrecondition, service.ReasonCatalogEntryInUse)
+
 		// An unused version goes.
 		if _, err := cat.DeleteKubernetesVersion(ctx, &clv1.DeleteKubernetesVersionRequest{Name: "kubernetesVersions/1.28.9"}); err != nil {
 			t.Errorf("delete an unused version: %v", err)

@@ -88,7 +88,15 @@ func (s *Clusters) ScaleCluster(ctx context.Context, req *clv1.ScaleClusterReque
 	}
 	return s.run(ctx, request{
 		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
-		verb: VerbScale, params: plan, uses: repository.Uses{Offering: plan.Offering},
+		verb: VerbScale, params: plan,
+		// A new offering is taken by the claim (refused if DISABLED or
+		// gone by then); the offering the cluster has needs nothing.
+		usesFor: func(c repository.Cluster) repository.Uses {
+			if plan.Offering == "" || plan.Offering == c.Spec.ServiceOffering {
+				return repository.Uses{}
+			}
+			return repository.Uses{Offering: plan.Offering}
+		},
 		eventFor: func(c repository.Cluster) lifecycle.Event { return plan.event(c.Spec.WorkerNodeCount) },
 		check:    func(ctx context.Context, c repository.Cluster) error { return s.checkScale(ctx, c, plan) },
 		work:     func(ctx context.Context, o *op) (repository.Changes, error) { return s.scaleWork(ctx, o, plan) },
