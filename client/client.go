@@ -1,5 +1,5 @@
 // Package client is the Go client of clusterd: a connection with the
-// ClusterLifecycle, Operations and Simulator stubs, and the helpers every
+// ClusterLifecycle, Catalog, Operations and Simulator stubs, and the helpers every
 // caller otherwise writes again: follow an operation to its end with progress
 // (Wait), retry a request that another operation refused (RetryAborted), and
 // read the google.rpc.ErrorInfo and BadRequest of an error (Reason,
@@ -37,6 +37,10 @@ type Client struct {
 	// Clusters is the ClusterLifecycle service: create, get, list, and the
 	// mutations that return an Operation.
 	Clusters clv1.ClusterLifecycleClient
+	// Catalog is the Kubernetes versions and service offerings clusters
+	// may use: every caller lists and gets them, admins create, update and
+	// delete them.
+	Catalog clv1.CatalogClient
 	// Operations is google.longrunning.Operations: get, list, wait, cancel.
 	Operations longrunningpb.OperationsClient
 	// Simulator drives the simulated infrastructure (servers run with --infra=sim).
@@ -120,6 +124,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 	}
 	return &Client{
 		Clusters:   clv1.NewClusterLifecycleClient(conn),
+		Catalog:    clv1.NewCatalogClient(conn),
 		Operations: longrunningpb.NewOperationsClient(conn),
 		Simulator:  clv1.NewSimulatorClient(conn),
 		conn:       conn,

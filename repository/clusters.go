@@ -74,6 +74,12 @@ type Transition struct {
 	// releases the cluster.
 	Operation string
 	Changes   Changes
+	// Uses are the catalog entries a Claim needs ENABLED and takes in its
+	// transaction (an upgrade's target version, a scale's new offering);
+	// the claim's job records the version and offering as its targets, so
+	// a delete of either is refused while the job runs. Transition, which
+	// starts no operation, ignores them.
+	Uses Uses
 	// History names the history entry of a write without an Event (default
 	// OPERATION_ENDED), e.g. RECOVERY_STARTED when recovery takes over an
 	// orphaned operation in place.
@@ -127,7 +133,10 @@ var errMissed = errors.New("compare-and-set matched no row")
 
 // CreateCluster inserts a CREATED cluster already held by its create job, the
 // job and the first history entry in one transaction (SPEC §3.6), so no
-// unheld CREATED cluster exists while its creator lives.
+// unheld CREATED cluster exists while its creator lives. The same
+// transaction takes the cluster's Kubernetes version and offerings (see the
+// package doc, "The catalog"): a missing or DISABLED one is an
+// *UnusableError and nothing is written.
 func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cluster, Job, error) {
 	now := s.stamp()
 	if nc.ID == "" {
@@ -150,6 +159,7 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		ControlNodeCount:   nc.Spec.ControlNodeCount,
 		WorkerNodeCount:    nc.Spec.WorkerNodeCount,
 		ServiceOffering:    nc.Spec.ServiceOffering,
+		ControlOffering:    nc.Spec.ControlOffering,
 		AutoscalingEnabled: nc.Spec.Autoscaling.Enabled,
 		AutoscalingMin:     nc.Spec.Autoscaling.MinSize,
 		AutoscalingMax:     nc.Spec.Autoscaling.MaxSize,
@@ -162,7 +172,11 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		Event: ClusterCreated, ToState: lifecycle.Created.String(), Operation: nj.ID,
 		Server: nj.ServerID, Message: "cluster created",
 	}
+	uses := Uses{Version: nc.Spec.KubernetesVersion, Offering: nc.Spec.ServiceOffering, ControlOffering: nc.Spec.ControlOffering}
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		if err := s.use(tx, uses); err != nil {
+			return err
+		}
 		if err := tx.Create(&row).Error; err != nil {
 			return fmt.Errorf("insert cluster: %w", classify(err))
 		}
@@ -318,7 +332,11 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 			return err
 		}
 		out = c
+		if err := s.use(tx, t.Uses); err != nil {
+			return err
+		}
 		job = newJobRow(nj, t.ClusterID, c.Account, c.UpdateTime)
+		job.TargetVersion, job.TargetOffering = nullable(t.Uses.Version), nullable(t.Uses.Offering)
 		return insertJob(tx, job)
 	})
 	if err != nil {
@@ -378,8 +396,8 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 	args := []any{to.String(), t.Expect.Version + 1, t.Operation, now}
 	if sp := t.Changes.Spec; sp != nil {
 		set += ", kubernetes_version = ?, control_node_count = ?, worker_node_count = ?, service_offering = ?," +
-			" autoscaling_enabled = ?, autoscaling_min = ?, autoscaling_max = ?"
-		args = append(args, sp.KubernetesVersion, sp.ControlNodeCount, sp.WorkerNodeCount, sp.ServiceOffering,
+			" control_offering = ?, autoscaling_enabled = ?, autoscaling_min = ?, autoscaling_max = ?"
+		args = append(args, sp.KubernetesVersion, sp.ControlNodeCount, sp.WorkerNodeCount, sp.ServiceOffering, sp.ControlOffering,
 			sp.Autoscaling.Enabled, sp.Autoscaling.MinSize, sp.Autoscaling.MaxSize)
 	}
 	if t.Changes.Endpoint != nil {

@@ -628,6 +628,7 @@ func TestMigrationsAreIdempotent(t *testing.T) {
 				if err != nil {
 					t.Fatalf("open #%d: %v", i+1, err)
 				}
+				repotest.SeedCatalog(t, s)
 				_ = s.Close()
 			}
 		})

@@ -33,6 +33,7 @@ func TestListFilters(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			repotest.SeedCatalog(t, s)
 			t.Cleanup(func() { _ = s.Close() })
 
 			// web-1 RUNNING (acme), web-2 CREATED (acme), db STOPPED (other),

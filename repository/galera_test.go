@@ -32,6 +32,7 @@ func TestClaimRaceAcrossNodes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		repotest.SeedCatalog(t, s)
 		t.Cleanup(func() { _ = s.Close() })
 		stores = append(stores, s)
 	}

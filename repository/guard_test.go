@@ -239,6 +239,7 @@ func TestGuardFinishAndFenceDoNotDeadlock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		repotest.SeedCatalog(t, s)
 		t.Cleanup(func() { _ = s.Close() })
 		through, refused := 0, 0
 		for i := range rounds {

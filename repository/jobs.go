@@ -38,10 +38,12 @@ func newJobRow(nj NewJob, clusterID, account string, now time.Time) jobRow {
 // insertJob inserts a new job's row (written out: every claim makes one).
 func insertJob(tx *gorm.DB, j jobRow) error {
 	err := tx.Exec("INSERT INTO jobs (id, kind, account, resource_id, server_id, server_incarnation, status, request_id, request_hash,"+
-		" params, result, error, step, steps_done, steps_total, cancel_requested, deadline, create_time, update_time)"+
-		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		" params, result, error, step, steps_done, steps_total, cancel_requested, deadline, create_time, update_time,"+
+		" target_version, target_offering)"+
+		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		j.ID, j.Kind, j.Account, j.ResourceID, j.ServerID, j.ServerIncarnation, j.Status, j.RequestID, j.RequestHash,
-		j.Params, j.Result, j.Error, j.Step, j.StepsDone, j.StepsTotal, j.CancelRequested, j.Deadline, j.CreateTime, j.UpdateTime).Error
+		j.Params, j.Result, j.Error, j.Step, j.StepsDone, j.StepsTotal, j.CancelRequested, j.Deadline, j.CreateTime, j.UpdateTime,
+		j.TargetVersion, j.TargetOffering).Error
 	if err != nil {
 		return fmt.Errorf("insert job: %w", classify(err))
 	}

@@ -86,6 +86,7 @@ func TestLockWaitTimeoutIsRetriedNotAConflict(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		repotest.SeedCatalog(t, s)
 		t.Cleanup(func() { _ = s.Close() })
 		c := running(t, s, "web")
 
@@ -143,6 +144,7 @@ func TestDeadlockVictimIsRetriedNotAConflict(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		repotest.SeedCatalog(t, s)
 		t.Cleanup(func() { _ = s.Close() })
 		c, j := create(t, s, "web")
 		c, err = s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StartRequested, Operation: j.ID})
@@ -241,6 +243,7 @@ func TestLivenessAndJobEndsDoNotDeadlock(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
+		repotest.SeedCatalog(t, s)
 		live, _ := s.RegisterServer(ctx, "live")
 		const n = 60
 		type held struct {
@@ -307,11 +310,13 @@ func TestFrozenTransactionReleasesItsLocks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		repotest.SeedCatalog(t, frozen)
 		t.Cleanup(func() { _ = frozen.Close() })
 		peer, err := repository.Open(ctx, dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
+		repotest.SeedCatalog(t, peer)
 		t.Cleanup(func() { _ = peer.Close() })
 		c, j := create(t, peer, "web")
 

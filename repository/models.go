@@ -35,8 +35,21 @@ type Spec struct {
 	KubernetesVersion string
 	ControlNodeCount  int32
 	WorkerNodeCount   int32
-	ServiceOffering   string
-	Autoscaling       Autoscaling
+	// ServiceOffering is the workers' offering, and the control nodes'
+	// unless ControlOffering names another.
+	ServiceOffering string
+	// ControlOffering is the control nodes' offering; empty means
+	// ServiceOffering (see ControlOfferingOrDefault).
+	ControlOffering string
+	Autoscaling     Autoscaling
+}
+
+// ControlOfferingOrDefault is the offering the control nodes have.
+func (sp Spec) ControlOfferingOrDefault() string {
+	if sp.ControlOffering != "" {
+		return sp.ControlOffering
+	}
+	return sp.ServiceOffering
 }
 
 // Autoscaling is the cluster autoscaler's settings.
@@ -152,6 +165,7 @@ type clusterRow struct {
 	ControlNodeCount   int32
 	WorkerNodeCount    int32
 	ServiceOffering    string
+	ControlOffering    string
 	AutoscalingEnabled bool
 	AutoscalingMin     int32
 	AutoscalingMax     int32
@@ -182,6 +196,8 @@ type jobRow struct {
 	CancelRequested   bool
 	Attempt           int32
 	HandedOff         bool
+	TargetVersion     *string
+	TargetOffering    *string
 	Deadline          time.Time
 	CreateTime        time.Time
 	UpdateTime        time.Time
@@ -240,6 +256,7 @@ func (r *clusterRow) toCluster() (Cluster, error) {
 			ControlNodeCount:  r.ControlNodeCount,
 			WorkerNodeCount:   r.WorkerNodeCount,
 			ServiceOffering:   r.ServiceOffering,
+			ControlOffering:   r.ControlOffering,
 			Autoscaling: Autoscaling{
 				Enabled: r.AutoscalingEnabled,
 				MinSize: r.AutoscalingMin,

@@ -27,6 +27,35 @@
 // which inside Guarded's fn is the guard's transaction, so the bookkeeping
 // commits with the check or not at all. clusterd's migrations do not know
 // those tables.
+//
+// # The catalog
+//
+// Kubernetes versions and service offerings are rows (catalog.go), and the
+// rules that tie clusters to them are decided by the database, never by a
+// check before a write:
+//
+//   - A claim that puts a cluster on a version or an offering takes it in
+//     the claim's own transaction: CreateCluster takes the cluster's version
+//     and both offerings, a Claim its Transition's Uses (an upgrade's target
+//     version, a scale's new offering). Taking is one conditional write,
+//     UPDATE ... SET claims = claims + 1 WHERE key = ? AND state = 'ENABLED',
+//     whose miss (RowsAffected 0) is an *UnusableError (missing or
+//     DISABLED) that rolls the claim back. A claim's job records the target
+//     version and offering, so a running upgrade or scale uses them too.
+//   - A delete writes the entry's row first (the same claims = claims + 1),
+//     then looks for users with locking reads, live clusters (alive = 1) on
+//     it as kubernetes_version, service_offering or control_offering, then
+//     IN_PROGRESS jobs targeting it, refuses with an *InUseError naming one,
+//     and deletes otherwise; all in one transaction.
+//
+// Both sides write the entry's row, so they serialize on its row lock
+// (MariaDB, SQLite's single writer) or, on Galera, which certifies written
+// rows only, their write-sets conflict and one is rolled back and run
+// again: exactly one side of a delete-vs-claim race wins, and no live
+// cluster or running job ever names a deleted entry. A DISABLED entry
+// refuses new claims only; the clusters on it keep running. Seeding
+// (SeedCatalog) fills an empty catalog only, with inserts that keep what
+// exists, so servers starting together all succeed.
 package repository
 
 import (

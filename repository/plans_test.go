@@ -104,6 +104,7 @@ func TestScanQueryPlans(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			repotest.SeedCatalog(t, s)
 			t.Cleanup(func() { _ = s.Close() })
 			seedScale(t, dsn, 3000, now)
 			self := repository.Server{ID: "me", Incarnation: "me-1"}

@@ -21,7 +21,7 @@ import (
 const clusterCols = "c.id, c.account, c.display_name, c.alive, c.description, c.state, c.version, " +
 	"c.current_operation, c.kubernetes_version, c.control_node_count, c.worker_node_count, " +
 	"c.service_offering, c.autoscaling_enabled, c.autoscaling_min, c.autoscaling_max, c.endpoint, " +
-	"c.create_time, c.update_time, c.delete_time"
+	"c.create_time, c.update_time, c.delete_time, c.control_offering"
 
 // scanCluster reads the clusterCols of one row, then extra.
 func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
@@ -33,7 +33,7 @@ func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
 	dest := append([]any{&r.ID, &r.Account, &r.DisplayName, &alive, &r.Description, &r.State, &r.Version,
 		&r.CurrentOperation, &r.KubernetesVersion, &r.ControlNodeCount, &r.WorkerNodeCount,
 		&r.ServiceOffering, &r.AutoscalingEnabled, &r.AutoscalingMin, &r.AutoscalingMax, &r.Endpoint,
-		&r.CreateTime, &r.UpdateTime, &del}, extra...)
+		&r.CreateTime, &r.UpdateTime, &del, &r.ControlOffering}, extra...)
 	if err := rows.Scan(dest...); err != nil {
 		return r, err
 	}

@@ -34,6 +34,7 @@ func TestReadThenWriteTransactionsOfTwoStoresOnOneDatabase(t *testing.T) {
 				if err != nil {
 					t.Fatalf("open store %d: %v", i+1, err)
 				}
+				repotest.SeedCatalog(t, s)
 				t.Cleanup(func() { _ = s.Close() })
 				stores[i] = s
 			}
@@ -115,6 +116,7 @@ func TestSQLiteBusyIsRetriedNotAConflict(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		repotest.SeedCatalog(t, s)
 		t.Cleanup(func() { _ = s.Close() })
 		c := running(t, s, "web")
 

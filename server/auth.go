@@ -28,9 +28,19 @@ const verifiedClientHeader = "x-clusterd-verified-client"
 // which grpcurl needs before it can call even the health check).
 var publicPrefixes = []string{"/grpc.health.v1.Health/", "/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"}
 
-// adminPrefixes are the services only admins may call: the Simulator changes
-// machines and faults of every account.
-var adminPrefixes = []string{"/" + clv1.Simulator_ServiceDesc.ServiceName + "/"}
+// adminPrefixes are the services, or methods, only admins may call: the
+// Simulator changes machines and faults of every account, and the Catalog's
+// writes change what every account's clusters may be made of (its reads are
+// every caller's).
+var adminPrefixes = []string{
+	"/" + clv1.Simulator_ServiceDesc.ServiceName + "/",
+	clv1.Catalog_CreateKubernetesVersion_FullMethodName,
+	clv1.Catalog_UpdateKubernetesVersion_FullMethodName,
+	clv1.Catalog_DeleteKubernetesVersion_FullMethodName,
+	clv1.Catalog_CreateServiceOffering_FullMethodName,
+	clv1.Catalog_UpdateServiceOffering_FullMethodName,
+	clv1.Catalog_DeleteServiceOffering_FullMethodName,
+}
 
 // authenticate returns the identity of a call to method, or the error to
 // answer it with; public methods need none. The call is registered among

@@ -61,7 +61,9 @@ type Config struct {
 	// SimStepDelay is slept at every simulated step, so operations take
 	// visible time (the binary's default is 100ms).
 	SimStepDelay time.Duration
-	// Catalog bounds what clusters may be made of (default service.DefaultCatalog()).
+	// Catalog bounds the size of clusters, and its versions and offerings
+	// seed an empty database catalog at start (default
+	// service.DefaultCatalog()).
 	Catalog *service.Catalog
 	// Deadlines bound each kind of operation (default 1h).
 	Deadlines service.Deadlines
@@ -189,6 +191,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cleanup()
 		return nil, err
 	}
+	// The flags' versions and offerings fill an empty catalog only; once
+	// it holds entries, admins manage it through the Catalog service.
+	catalog := service.DefaultCatalog()
+	if cfg.Catalog != nil {
+		catalog = *cfg.Catalog
+	}
+	versions, offerings := catalog.Seed()
+	if err := s.store.SeedCatalog(ctx, versions, offerings); err != nil {
+		cleanup()
+		return nil, err
+	}
 	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		cleanup()
 		return nil, fmt.Errorf("listen for gRPC on %s: %w", cfg.GRPCAddr, err)
@@ -269,6 +282,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		grpc.ForceServerCodecV2(s.codec),
 		grpc.MaxRecvMsgSize(maxGRPCMessage))...)
 	clv1.RegisterClusterLifecycleServer(s.grpc, s.clusters)
+	clv1.RegisterCatalogServer(s.grpc, service.NewCatalogService(s.store, s.clusters))
 	longrunningpb.RegisterOperationsServer(s.grpc, s.ops)
 	if s.libvirt == nil {
 		clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))

@@ -43,6 +43,7 @@ type harness struct {
 		clusters clv1.ClusterLifecycleClient
 		ops      longrunningpb.OperationsClient
 		sim      clv1.SimulatorClient
+		catalog  clv1.CatalogClient
 	}
 	stop func() error
 }
@@ -112,6 +113,7 @@ func startOn(t testing.TB, dsn string, mutate ...func(*Config)) *harness {
 	h.clients.clusters = clv1.NewClusterLifecycleClient(h.conn)
 	h.clients.ops = longrunningpb.NewOperationsClient(h.conn)
 	h.clients.sim = clv1.NewSimulatorClient(h.conn)
+	h.clients.catalog = clv1.NewCatalogClient(h.conn)
 	h.seed, err = repository.Open(ctx, dsn, repository.WithServerID(cfg.ServerID))
 	if err != nil {
 		t.Fatal(err)

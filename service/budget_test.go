@@ -125,6 +125,7 @@ func newBudgetEnv(t *testing.T, b repotest.Backend) *budgetEnv {
 		if err != nil {
 			t.Fatal(err)
 		}
+		repotest.SeedCatalog(t, s)
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}
@@ -218,12 +219,16 @@ func TestStatementBudget(t *testing.T) {
 			// An operation that ends RUNNING or STOPPED reads its machines
 			// once more, to compare them with the record: one more
 			// infrastructure statement for create, start, scale and stop.
+			// The catalog (issue 19): a create reads its version and
+			// offering to validate them (2) and its claim takes both (2
+			// conditional writes in its transaction); a job that attaches
+			// an ISO reads its version's (1).
 			ops := []struct {
 				name string
 				want budget
 				run  func(t *testing.T, ctx context.Context)
 			}{
-				{"CreateCluster 1+2", budget{rpc: 3, job: 24, infra: 96, tx: 19}, func(t *testing.T, ctx context.Context) {
+				{"CreateCluster 1+2", budget{rpc: 7, job: 25, infra: 96, tx: 19}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.CreateCluster(ctx, &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
 						DisplayName: "budget", KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 2, ServiceOffering: "medium",
 					}, RequestId: uuid.NewString()})
@@ -250,14 +255,14 @@ func TestStatementBudget(t *testing.T) {
 					}
 					e.wait(t, op)
 				}},
-				{"StartCluster 1+2", budget{rpc: 4, job: 10, infra: 31, tx: 7}, func(t *testing.T, ctx context.Context) {
+				{"StartCluster 1+2", budget{rpc: 4, job: 11, infra: 31, tx: 7}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.StartCluster(ctx, &clv1.StartClusterRequest{Name: c.GetName(), RequestId: uuid.NewString()})
 					if err != nil {
 						t.Fatal(err)
 					}
 					e.wait(t, op)
 				}},
-				{"ScaleCluster 2->3 workers", budget{rpc: 4, job: 10, infra: 33, tx: 7}, func(t *testing.T, ctx context.Context) {
+				{"ScaleCluster 2->3 workers", budget{rpc: 4, job: 11, infra: 33, tx: 7}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: new(int32(3)), RequestId: uuid.NewString()})
 					if err != nil {
 						t.Fatal(err)

@@ -2,10 +2,13 @@ package service
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/clusterd/clusterd/repository"
 )
 
 // Offering is a machine size a cluster's nodes can have.
@@ -15,24 +18,43 @@ type Offering struct {
 	MemoryMB int32
 }
 
-// Catalog is what clusters may be made of: the Kubernetes versions that can
-// be installed, the service offerings, and the largest cluster. Operators
-// configure it; requests are validated against it.
+// Catalog is the operator's configuration of what clusters may be made of:
+// the largest cluster, and the Kubernetes versions and service offerings
+// that seed an empty database catalog at start (Seed). Once seeded, the
+// versions and offerings are resources admins manage (CatalogService), and
+// requests are validated against the database, never against these lists.
 type Catalog struct {
-	// Versions are the installable Kubernetes versions (x.y.z).
+	// Versions are the installable Kubernetes versions (x.y.z) to seed.
 	Versions []string
-	// Offerings by name.
+	// Offerings by name, to seed.
 	Offerings map[string]Offering
 	// MaxClusterSize bounds control + worker nodes.
 	MaxClusterSize int32
 }
 
 // Minimum resources of a node, as in the model: below this Kubernetes does
-// not run reliably.
+// not run reliably. Seeded versions ask this of their nodes.
 const (
 	minCPUs     = 2
 	minMemoryMB = 2048
 )
+
+// Seed is the catalog as the rows SeedCatalog writes into an empty
+// database: every version ENABLED and asking minCPUs / minMemoryMB of its
+// nodes, every offering ENABLED.
+func (c Catalog) Seed() ([]repository.KubernetesVersion, []repository.ServiceOffering) {
+	vs := make([]repository.KubernetesVersion, 0, len(c.Versions))
+	for _, v := range c.Versions {
+		vs = append(vs, repository.KubernetesVersion{Version: v, State: repository.CatalogEnabled, MinCPUs: minCPUs, MinMemoryMB: minMemoryMB})
+	}
+	names := slices.Sorted(maps.Keys(c.Offerings))
+	os := make([]repository.ServiceOffering, 0, len(names))
+	for _, n := range names {
+		o := c.Offerings[n]
+		os = append(os, repository.ServiceOffering{Name: n, CPUs: o.CPUs, MemoryMB: o.MemoryMB, State: repository.CatalogEnabled})
+	}
+	return vs, os
+}
 
 // DefaultCatalog is used when the operator configures nothing.
 func DefaultCatalog() Catalog {
@@ -102,9 +124,8 @@ func (v version) less(o version) bool {
 	return v.major < o.major || (v.major == o.major && (v.minor < o.minor || (v.minor == o.minor && v.patch < o.patch)))
 }
 
-func (c Catalog) hasVersion(v string) bool { return slices.Contains(c.Versions, v) }
-
-// isoFor names the ISO that installs a Kubernetes version.
+// isoFor names the ISO that installs a Kubernetes version by default (a
+// version's binaries_iso names another).
 func isoFor(version string) string { return "kubernetes-" + version + ".iso" }
 
 // Deadlines bounds how long each kind of operation may run (SPEC §4; the

@@ -82,6 +82,11 @@ type request struct {
 	check func(ctx context.Context, c repository.Cluster) error
 	// work runs the operation's steps once the claim has committed.
 	work workFunc
+	// uses are the catalog entries the claim takes in its transaction (an
+	// upgrade's target version); usesFor, when set, picks them from the
+	// cluster as read (a scale's offering, only when it changes).
+	uses    repository.Uses
+	usesFor func(c repository.Cluster) repository.Uses
 }
 
 // idempotency is what identifies one client request across retries
@@ -210,6 +215,10 @@ func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key 
 	}
 	t := repository.Move(c, d)
 	t.Message = fmt.Sprintf("%s requested", r.verb)
+	t.Uses = r.uses
+	if r.usesFor != nil {
+		t.Uses = r.usesFor(c)
+	}
 	return s.claim(ctx, t, r.verb, key, r.params, r.work)
 }
 

@@ -84,6 +84,7 @@ func toCluster(c repository.Cluster) *clv1.Cluster {
 		ControlNodeCount:  c.Spec.ControlNodeCount,
 		WorkerNodeCount:   c.Spec.WorkerNodeCount,
 		ServiceOffering:   c.Spec.ServiceOffering,
+		ControlOffering:   c.Spec.ControlOfferingOrDefault(),
 		Endpoint:          c.Endpoint,
 		CurrentOperation:  operationName(c.CurrentOperation),
 		Etag:              etag(c),

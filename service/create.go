@@ -23,7 +23,7 @@ func (s *Clusters) CreateCluster(ctx context.Context, req *clv1.CreateClusterReq
 	if err != nil {
 		return nil, err
 	}
-	nc, requestID, err := s.validateCreate(req, who.Account)
+	nc, requestID, err := s.validateCreate(ctx, req, who.Account)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +156,7 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 	if err := o.configureNetwork(ctx, machines); err != nil {
 		return "", err
 	}
-	iso := isoFor(c.Spec.KubernetesVersion)
+	iso := s.isoOf(ctx, c.Spec.KubernetesVersion)
 	for _, m := range machines {
 		if !m.Joined && m.AttachedISO != iso {
 			if err := o.do(ctx, infra.StepAttachISO, func() error { return s.infra.AttachISO(ctx, o.call(m.ID), iso) }); err != nil {
@@ -188,7 +188,11 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 // so its failure is the operation's STEP_FAILED naming the step.
 func (o *op) provision(ctx context.Context, id string, role infra.Role, spec repository.Spec) (m infra.Machine, err error) {
 	err = o.do(ctx, infra.StepProvisionMachine, func() (err error) {
-		m, err = o.s.infra.ProvisionMachine(ctx, o.call(id), id, role, spec.ServiceOffering, spec.KubernetesVersion)
+		offering := spec.ServiceOffering
+		if role == infra.RoleControl {
+			offering = spec.ControlOfferingOrDefault()
+		}
+		m, err = o.s.infra.ProvisionMachine(ctx, o.call(id), id, role, offering, spec.KubernetesVersion)
 		return err
 	})
 	return m, err

@@ -57,6 +57,14 @@ const (
 	// ReasonUnsupportedMediaType: a REST body sent as anything but JSON
 	// (HTTP 415).
 	ReasonUnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE"
+	// ReasonCatalogEntryUnusable: a create, upgrade or scale needs a
+	// Kubernetes version or service offering that does not exist or is
+	// DISABLED (FAILED_PRECONDITION; metadata "resource").
+	ReasonCatalogEntryUnusable = "CATALOG_ENTRY_UNUSABLE"
+	// ReasonCatalogEntryInUse: a delete of a Kubernetes version or service
+	// offering that a cluster uses (FAILED_PRECONDITION; metadata
+	// "resource" and "cluster").
+	ReasonCatalogEntryInUse = "CATALOG_ENTRY_IN_USE"
 )
 
 // Reasons of a failed or cancelled operation's error (Operation.error): why
@@ -284,6 +292,8 @@ func Status(err error) *status.Status {
 		exists     *AlreadyExistsError
 		conflict   *repository.ConflictError
 		header     *auth.HeaderError
+		unusable   *repository.UnusableError
+		inUse      *repository.InUseError
 		step       *StepError
 		changed    *MachinesChangedError
 	)
@@ -349,6 +359,12 @@ func Status(err error) *status.Status {
 		return build(codes.Unavailable, "the server is shutting down; please retry", ReasonShuttingDown, nil)
 	case errors.As(err, &missing):
 		return build(codes.NotFound, missing.Error(), ReasonNotFound, map[string]string{"resource": missing.Name})
+	case errors.As(err, &unusable):
+		return build(codes.FailedPrecondition, unusable.Error(), ReasonCatalogEntryUnusable,
+			map[string]string{"resource": catalogName(unusable.Kind, unusable.Name)})
+	case errors.As(err, &inUse):
+		return build(codes.FailedPrecondition, inUse.Error()+"; delete or move the cluster first, or disable the entry instead", ReasonCatalogEntryInUse,
+			map[string]string{"resource": catalogName(inUse.Kind, inUse.Name), "cluster": clusterName(inUse.ClusterID)})
 	case errors.As(err, &conflict):
 		return build(codes.Aborted, fmt.Sprintf("cluster %s was changed by a concurrent request; please retry", conflict.ClusterID),
 			ReasonConcurrentModification, map[string]string{"cluster": "clusters/" + conflict.ClusterID})

@@ -96,7 +96,7 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 		}
 	}
 	c := o.cluster
-	iso := isoFor(c.Spec.KubernetesVersion)
+	iso := s.isoOf(ctx, c.Spec.KubernetesVersion)
 	for _, id := range p.Machines {
 		if _, ok := mine[id]; ok {
 			o.expect(-1)

@@ -241,7 +241,11 @@ func (o *op) repair(ctx context.Context, kind string) (repository.Changes, error
 	for _, m := range keep {
 		// A machine AddNodes adopted keeps its own size (its offering is
 		// unknown to clusterd); the others follow the spec's.
-		if off := c.Spec.ServiceOffering; off != "" && m.Offering != "" && m.Offering != off {
+		off := c.Spec.ServiceOffering
+		if m.Role == infra.RoleControl {
+			off = c.Spec.ControlOfferingOrDefault()
+		}
+		if off != "" && m.Offering != "" && m.Offering != off {
 			if err := o.fix(ctx, c, infra.StepResizeMachine, func() error { return s.infra.ResizeMachine(ctx, o.call(m.ID), off) },
 				"resize_machine: %s%s back from %q to the cluster's offering %q", machinePrefix, m.ID, m.Offering, off); err != nil {
 				return repository.Changes{}, err

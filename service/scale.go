@@ -67,8 +67,14 @@ func (s *Clusters) ScaleCluster(ctx context.Context, req *clv1.ScaleClusterReque
 	if checkListSize(&v, "remove_nodes", len(req.GetRemoveNodes()), s.catalog.MaxClusterSize) {
 		plan.Remove = machineIDs(&v, "remove_nodes", req.GetRemoveNodes())
 	}
-	if req.GetServiceOffering() != "" {
-		s.catalog.checkOffering(&v, "service_offering", req.GetServiceOffering())
+	if o := req.GetServiceOffering(); o != "" {
+		// Known and big enough for a node of the cluster's version is the
+		// cluster's to say (checkScale).
+		if _, err := s.store.GetServiceOffering(ctx, o); errors.Is(err, repository.ErrNotFound) {
+			v.add("service_offering", "unknown service offering %q (one of %s)", Clip(o), s.offeringNames(ctx, nil))
+		} else if err != nil {
+			return nil, err
+		}
 	}
 	if a := req.GetAutoscaling(); a != nil {
 		if req.WorkerNodeCount != nil || len(req.GetRemoveNodes()) > 0 || req.GetServiceOffering() != "" {
@@ -83,6 +89,14 @@ func (s *Clusters) ScaleCluster(ctx context.Context, req *clv1.ScaleClusterReque
 	return s.run(ctx, request{
 		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
 		verb: VerbScale, params: plan,
+		// A new offering is taken by the claim (refused if DISABLED or
+		// gone by then); the offering the cluster has needs nothing.
+		usesFor: func(c repository.Cluster) repository.Uses {
+			if plan.Offering == "" || plan.Offering == c.Spec.ServiceOffering {
+				return repository.Uses{}
+			}
+			return repository.Uses{Offering: plan.Offering}
+		},
 		eventFor: func(c repository.Cluster) lifecycle.Event { return plan.event(c.Spec.WorkerNodeCount) },
 		check:    func(ctx context.Context, c repository.Cluster) error { return s.checkScale(ctx, c, plan) },
 		work:     func(ctx context.Context, o *op) (repository.Changes, error) { return s.scaleWork(ctx, o, plan) },
@@ -123,9 +137,27 @@ func (s *Clusters) checkScale(ctx context.Context, c repository.Cluster, p scale
 			return err
 		}
 	}
-	if p.Offering != "" && lifecycle.IsLive(c.State) {
-		cur, next := s.catalog.Offerings[c.Spec.ServiceOffering], s.catalog.Offerings[p.Offering]
-		if next.CPUs < cur.CPUs || next.MemoryMB < cur.MemoryMB {
+	if p.Offering != "" && p.Offering != c.Spec.ServiceOffering {
+		ver, err := s.store.GetKubernetesVersion(ctx, c.Spec.KubernetesVersion)
+		var vp *repository.KubernetesVersion
+		switch {
+		case err == nil:
+			vp = &ver
+		case !errors.Is(err, repository.ErrNotFound):
+			return err
+		}
+		before := len(v)
+		next, err := s.checkOffering(ctx, &v, "service_offering", p.Offering, vp)
+		if err != nil {
+			return err
+		}
+		cur, err := s.offeringSize(ctx, c.Spec.ServiceOffering)
+		if err != nil && !errors.Is(err, repository.ErrNotFound) {
+			return err
+		}
+		// One violation per field: an offering too small for a node is not
+		// also reported as smaller than the current one.
+		if len(v) == before && lifecycle.IsLive(c.State) && next.Name != "" && (next.CPUs < cur.CPUs || next.MemoryMB < cur.MemoryMB) {
 			v.add("service_offering", "a running cluster cannot move to a smaller offering (%q is smaller than %q); stop it first", Clip(p.Offering), c.Spec.ServiceOffering)
 		}
 	}
@@ -182,9 +214,13 @@ func (s *Clusters) scaleWork(ctx context.Context, o *op, p scalePlan) (repositor
 	}
 	if p.Offering != "" && p.Offering != spec.ServiceOffering {
 		resize := machines
+		if spec.ControlOffering != "" {
+			// The control nodes have an offering of their own.
+			resize = slices.DeleteFunc(slices.Clone(machines), func(m infra.Machine) bool { return m.Role == infra.RoleControl })
+		}
 		if o.resumed() {
 			// An earlier attempt resized some already.
-			resize = slices.DeleteFunc(slices.Clone(machines), func(m infra.Machine) bool { return m.Offering == p.Offering })
+			resize = slices.DeleteFunc(slices.Clone(resize), func(m infra.Machine) bool { return m.Offering == p.Offering })
 		}
 		o.expect(int32(len(resize)))
 		for _, m := range resize {
@@ -236,7 +272,7 @@ func (o *op) addWorkers(ctx context.Context, c repository.Cluster, spec reposito
 	for _, m := range machines {
 		existing[m.ID] = m
 	}
-	iso := isoFor(spec.KubernetesVersion)
+	iso := s.isoOf(ctx, spec.KubernetesVersion)
 	var added []infra.Machine
 	for i := range n {
 		id := machineID(o.job.ID, fmt.Sprintf("worker-%d", i))

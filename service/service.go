@@ -21,6 +21,7 @@ import (
 
 // Store is the part of the repository the cluster handlers use.
 type Store interface {
+	CatalogReader
 	GetCluster(ctx context.Context, id string) (repository.Cluster, error)
 	ListClusters(ctx context.Context, q repository.ClusterQuery) ([]repository.Cluster, error)
 	ListEvents(ctx context.Context, clusterID string, after int64, limit int) ([]repository.Event, error)

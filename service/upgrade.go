@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"slices"
-	"strings"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 
@@ -26,13 +25,21 @@ func (s *Clusters) UpgradeCluster(ctx context.Context, req *clv1.UpgradeClusterR
 	if _, err := parseName("name", req.GetName(), clusterPrefix); err != nil {
 		return nil, err
 	}
-	if !s.catalog.hasVersion(target) {
-		return nil, invalid("kubernetes_version", "unsupported version %q (one of %s)", Clip(target), strings.Join(s.catalog.Versions, ", "))
+	var v violations
+	if _, err := s.checkVersion(ctx, &v, "kubernetes_version", target); err != nil {
+		return nil, err
+	}
+	if err := v.err(); err != nil {
+		return nil, err
 	}
 	plan := upgradePlan{Version: target}
 	return s.run(ctx, request{
 		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
 		verb: VerbUpgrade, event: lifecycle.UpgradeRequested, params: plan,
+		// The claim takes the target: refused (FAILED_PRECONDITION) if it
+		// is DISABLED or deleted by then, and kept from a delete while the
+		// upgrade runs.
+		uses: repository.Uses{Version: target},
 		check: func(_ context.Context, c repository.Cluster) error {
 			return checkUpgrade(c.Spec.KubernetesVersion, target)
 		},
@@ -73,7 +80,7 @@ func (s *Clusters) upgradeWork(ctx context.Context, o *op, p upgradePlan) (repos
 	}
 	// attach, drain, upgrade, detach per node
 	o.expect(int32(4 * len(todo)))
-	iso := isoFor(p.Version)
+	iso := s.isoOf(ctx, p.Version)
 	for _, m := range todo {
 		if m.AttachedISO == iso {
 			continue

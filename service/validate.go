@@ -1,10 +1,9 @@
 package service
 
 import (
+	"context"
 	"fmt"
 	"regexp"
-	"slices"
-	"strings"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/repository"
@@ -30,36 +29,6 @@ func (v violations) err() error {
 	return &InvalidArgumentError{Violations: v}
 }
 
-// offering checks that name is an offering of the catalog big enough for a
-// Kubernetes node.
-func (c Catalog) checkOffering(v *violations, field, name string) (Offering, bool) {
-	if name == "" {
-		v.add(field, "is required (one of %s)", c.offeringNames())
-		return Offering{}, false
-	}
-	o, ok := c.Offerings[name]
-	if !ok {
-		v.add(field, "unknown service offering %q (one of %s)", Clip(name), c.offeringNames())
-		return Offering{}, false
-	}
-	if o.CPUs < minCPUs || o.MemoryMB < minMemoryMB {
-		v.add(field, "offering %q has %d vCPU / %d MB; a node needs at least %d vCPU / %d MB", name, o.CPUs, o.MemoryMB, minCPUs, minMemoryMB)
-		return o, false
-	}
-	return o, true
-}
-
-func (c Catalog) offeringNames() string {
-	names := make([]string, 0, len(c.Offerings))
-	for n, o := range c.Offerings {
-		if o.CPUs >= minCPUs && o.MemoryMB >= minMemoryMB {
-			names = append(names, n)
-		}
-	}
-	slices.Sort(names)
-	return strings.Join(names, ", ")
-}
-
 // checkAutoscaling validates autoscaler bounds against the cluster's size.
 func (c Catalog) checkAutoscaling(v *violations, field string, a *clv1.Autoscaling, control, workers int32) {
 	if a == nil || !a.GetEnabled() {
@@ -80,9 +49,11 @@ func (c Catalog) checkAutoscaling(v *violations, field string, a *clv1.Autoscali
 	}
 }
 
-// validateCreate checks a CreateClusterRequest and returns the cluster to
-// insert, in account, and the canonical request id.
-func (s *Clusters) validateCreate(req *clv1.CreateClusterRequest, account string) (repository.NewCluster, string, error) {
+// validateCreate checks a CreateClusterRequest against the catalog and
+// returns the cluster to insert, in account, and the canonical request id.
+// That the version and offerings are still there and ENABLED is the claim's
+// to decide (CreateCluster takes them in its transaction).
+func (s *Clusters) validateCreate(ctx context.Context, req *clv1.CreateClusterRequest, account string) (repository.NewCluster, string, error) {
 	var v violations
 	requestID, err := canonicalRequestID(req.GetRequestId())
 	if err != nil {
@@ -99,8 +70,9 @@ func (s *Clusters) validateCreate(req *clv1.CreateClusterRequest, account string
 	if len(cl.GetDescription()) > maxDescription {
 		v.add("cluster.description", "must be at most %d bytes, got %d", maxDescription, len(cl.GetDescription()))
 	}
-	if !s.catalog.hasVersion(cl.GetKubernetesVersion()) {
-		v.add("cluster.kubernetes_version", "unsupported version %q (one of %s)", Clip(cl.GetKubernetesVersion()), strings.Join(s.catalog.Versions, ", "))
+	ver, err := s.checkVersion(ctx, &v, "cluster.kubernetes_version", cl.GetKubernetesVersion())
+	if err != nil {
+		return repository.NewCluster{}, "", err
 	}
 	control := cl.GetControlNodeCount()
 	if control == 0 {
@@ -127,7 +99,18 @@ func (s *Clusters) validateCreate(req *clv1.CreateClusterRequest, account string
 	case controlOK && sum(control, workers) > int64(limit):
 		v.add("cluster.worker_node_count", "%d control + %d workers exceeds the maximum cluster size %d", control, workers, limit)
 	}
-	s.catalog.checkOffering(&v, "cluster.service_offering", cl.GetServiceOffering())
+	if _, err := s.checkOffering(ctx, &v, "cluster.service_offering", cl.GetServiceOffering(), ver); err != nil {
+		return repository.NewCluster{}, "", err
+	}
+	controlOffering := cl.GetControlOffering()
+	if controlOffering == cl.GetServiceOffering() {
+		controlOffering = ""
+	}
+	if controlOffering != "" {
+		if _, err := s.checkOffering(ctx, &v, "cluster.control_offering", controlOffering, ver); err != nil {
+			return repository.NewCluster{}, "", err
+		}
+	}
 	s.catalog.checkAutoscaling(&v, "cluster.autoscaling", cl.GetAutoscaling(), control, workers)
 	if err := v.err(); err != nil {
 		return repository.NewCluster{}, "", err
@@ -141,6 +124,7 @@ func (s *Clusters) validateCreate(req *clv1.CreateClusterRequest, account string
 			ControlNodeCount:  control,
 			WorkerNodeCount:   workers,
 			ServiceOffering:   cl.GetServiceOffering(),
+			ControlOffering:   controlOffering,
 			Autoscaling: repository.Autoscaling{
 				Enabled: cl.GetAutoscaling().GetEnabled(),
 				MinSize: cl.GetAutoscaling().GetMinSize(),

@@ -136,13 +136,22 @@ func (a *app) createCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&spec.KubernetesVersion, "kubernetes-version", "", "the Kubernetes version, e.g. 1.30.2")
-	f.StringVar(&spec.ServiceOffering, "offering", "", "the service offering (machine size) of every node, e.g. medium")
+	f.StringVar(&spec.ServiceOffering, "offering", "", "the service offering (machine size) of the workers, and of the control nodes unless --control-offering, e.g. medium")
+	f.StringVar(&spec.ControlOffering, "control-offering", "", "the service offering of the control nodes (default: --offering)")
 	f.Int32Var(&spec.WorkerNodeCount, "workers", 1, "worker nodes")
 	f.Int32Var(&spec.ControlNodeCount, "control-nodes", 0, "control-plane nodes (0: the server's default)")
 	f.StringVar(&spec.Description, "description", "", "free text")
 	f.Int32Var(&autoMin, "autoscale-min", 0, "with --autoscale-max: the fewest workers the autoscaler keeps")
 	f.Int32Var(&autoMax, "autoscale-max", 0, "deploy the cluster autoscaler, adding workers up to this many")
 	m.flags(cmd, false)
+	_ = cmd.RegisterFlagCompletionFunc("kubernetes-version", func(cmd *cobra.Command, _ []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		return a.versionCompletions(cmd, "", true)
+	})
+	for _, flag := range []string{"offering", "control-offering"} {
+		_ = cmd.RegisterFlagCompletionFunc(flag, func(cmd *cobra.Command, _ []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			return a.offeringCompletions(cmd, true)
+		})
+	}
 	return cmd
 }
 
@@ -265,17 +274,30 @@ func (a *app) scaleCommand() *cobra.Command {
 	f.BoolVar(&noAutoscale, "no-autoscale", false, "turn the autoscaler off")
 	cmd.MarkFlagsMutuallyExclusive("autoscale-max", "no-autoscale")
 	m.flags(cmd, true)
+	_ = cmd.RegisterFlagCompletionFunc("offering", func(cmd *cobra.Command, _ []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		return a.offeringCompletions(cmd, true)
+	})
 	return cmd
 }
 
 func (a *app) upgradeCommand() *cobra.Command {
 	var m mutation
 	cmd := &cobra.Command{
-		Use:               "upgrade CLUSTER VERSION",
-		Short:             "Upgrade a running cluster's Kubernetes version (a later patch or the next minor)",
-		Example:           "  clusterctl upgrade demo 1.30.5 --wait",
-		Args:              args(cobra.ExactArgs(2)),
-		ValidArgsFunction: a.clusterArg,
+		Use:     "upgrade CLUSTER VERSION",
+		Short:   "Upgrade a running cluster's Kubernetes version (a later patch or the next minor)",
+		Example: "  clusterctl upgrade demo 1.30.5 --wait\n  clusterctl versions --upgrades-for demo   # the versions it can upgrade to",
+		Args:    args(cobra.ExactArgs(2)),
+		// The cluster, then the versions it can upgrade to.
+		ValidArgsFunction: func(cmd *cobra.Command, argv []string, s string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			if len(argv) != 1 {
+				return a.clusterArg(cmd, argv, s)
+			}
+			name, err := a.clusterName(cmd.Context(), argv[0])
+			if err != nil {
+				return nil, cobra.ShellCompDirectiveNoFileComp
+			}
+			return a.versionCompletions(cmd, name, true)
+		},
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			name, err := a.clusterName(cmd.Context(), argv[0])
 			if err != nil {

@@ -1,7 +1,9 @@
 // Command clusterctl drives clusterd from a terminal: every ClusterLifecycle
 // and Operations RPC is a command (clusterctl create, get, list, start, stop,
 // scale, upgrade, add-nodes, remove-nodes, delete, events, operations
-// list|get|wait|cancel), built on the Go client package (client/).
+// list|get|wait|cancel), and so is every Catalog RPC (clusterctl versions
+// and offerings, with get, create, update and delete), built on the Go
+// client package (client/).
 //
 // Output is a table, or with -o json the protojson of the resource. Every
 // mutation takes --wait, which follows the operation to its end: a progress
@@ -111,9 +113,13 @@ func (a *app) rootCommand() *cobra.Command {
 	f.Var(&a.timeout, "timeout", "how long each request may take (not --wait, which waits until the operation ends)")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 
-	root.AddGroup(&cobra.Group{ID: "clusters", Title: "Clusters:"}, &cobra.Group{ID: "operations", Title: "Operations:"})
+	root.AddGroup(&cobra.Group{ID: "clusters", Title: "Clusters:"}, &cobra.Group{ID: "catalog", Title: "Catalog:"}, &cobra.Group{ID: "operations", Title: "Operations:"})
 	for _, c := range a.clusterCommands() {
 		c.GroupID = "clusters"
+		root.AddCommand(c)
+	}
+	for _, c := range a.catalogCommands() {
+		c.GroupID = "catalog"
 		root.AddCommand(c)
 	}
 	ops := a.operationsCommand()

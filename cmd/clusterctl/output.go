@@ -49,7 +49,11 @@ func (a *app) printCluster(c *clv1.Cluster) error {
 	row("Account", c.GetAccount())
 	row("State", c.GetState())
 	row("Kubernetes", c.GetKubernetesVersion())
-	row("Nodes", fmt.Sprintf("%d control + %d workers, %s", c.GetControlNodeCount(), c.GetWorkerNodeCount(), c.GetServiceOffering()))
+	if co := c.GetControlOffering(); co != "" && co != c.GetServiceOffering() {
+		row("Nodes", fmt.Sprintf("%d control (%s) + %d workers (%s)", c.GetControlNodeCount(), co, c.GetWorkerNodeCount(), c.GetServiceOffering()))
+	} else {
+		row("Nodes", fmt.Sprintf("%d control + %d workers, %s", c.GetControlNodeCount(), c.GetWorkerNodeCount(), c.GetServiceOffering()))
+	}
 	if as := c.GetAutoscaling(); as.GetEnabled() {
 		row("Autoscaling", fmt.Sprintf("%d to %d workers", as.GetMinSize(), as.GetMaxSize()))
 	}
@@ -199,4 +203,46 @@ func messageOf(err error) string {
 		return st.Message()
 	}
 	return err.Error()
+}
+
+// printVersions prints versions as a table; as JSON, the list, or one
+// version when one is given (what get, create and update return).
+func (a *app) printVersions(resp *clv1.ListKubernetesVersionsResponse, one ...*clv1.KubernetesVersion) error {
+	if a.output == "json" {
+		if len(one) == 1 {
+			return a.printJSON(one[0])
+		}
+		return a.printJSON(resp)
+	}
+	if len(resp.GetKubernetesVersions()) == 0 {
+		fmt.Fprintln(a.stdout, "No Kubernetes versions.")
+		return nil
+	}
+	w := a.table()
+	fmt.Fprintln(w, "VERSION\tSTATE\tMIN CPUS\tMIN MEMORY MB\tISO")
+	for _, v := range resp.GetKubernetesVersions() {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", v.GetVersion(), v.GetState(), v.GetMinCpus(), v.GetMinMemoryMb(), dash(v.GetBinariesIso()))
+	}
+	return w.Flush()
+}
+
+// printOfferings prints offerings as a table; as JSON, the list, or one
+// offering when one is given.
+func (a *app) printOfferings(resp *clv1.ListServiceOfferingsResponse, one ...*clv1.ServiceOffering) error {
+	if a.output == "json" {
+		if len(one) == 1 {
+			return a.printJSON(one[0])
+		}
+		return a.printJSON(resp)
+	}
+	if len(resp.GetServiceOfferings()) == 0 {
+		fmt.Fprintln(a.stdout, "No service offerings.")
+		return nil
+	}
+	w := a.table()
+	fmt.Fprintln(w, "OFFERING\tSTATE\tCPUS\tMEMORY MB\tDESCRIPTION")
+	for _, o := range resp.GetServiceOfferings() {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", strings.TrimPrefix(o.GetName(), "serviceOfferings/"), o.GetState(), o.GetCpus(), o.GetMemoryMb(), dash(oneLine(o.GetDescription())))
+	}
+	return w.Flush()
 }

@@ -84,12 +84,12 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.DurationVar(&cfg.SimStepDelay, "sim-step-delay", 100*time.Millisecond, "time every simulated infrastructure step takes")
 	catalog := service.DefaultCatalog()
 	cfg.Catalog = &catalog
-	fs.Func("kubernetes-versions", "installable Kubernetes versions, comma-separated (default "+strings.Join(catalog.Versions, ",")+")", func(v string) error {
+	fs.Func("kubernetes-versions", "Kubernetes versions that seed an empty catalog at start, comma-separated; once the database holds versions, admins manage them through the API (default "+strings.Join(catalog.Versions, ",")+")", func(v string) error {
 		vs, err := service.ParseVersions(v)
 		catalog.Versions = vs
 		return err
 	})
-	fs.Func("service-offerings", "service offerings as name:vCPUs:memoryMB, comma-separated (default small:1:1024,medium:2:2048,large:4:8192,xlarge:8:16384)", func(v string) error {
+	fs.Func("service-offerings", "service offerings that seed an empty catalog at start, as name:vCPUs:memoryMB, comma-separated; once the database holds offerings, admins manage them through the API (default small:1:1024,medium:2:2048,large:4:8192,xlarge:8:16384)", func(v string) error {
 		os, err := service.ParseOfferings(v)
 		catalog.Offerings = os
 		return err

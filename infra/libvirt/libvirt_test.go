@@ -112,6 +112,7 @@ func newEnvOn(t *testing.T, b repotest.Backend, guard libvirt.Guard) *env {
 	if err != nil {
 		t.Fatalf("open %s store: %v", b.Name, err)
 	}
+	repotest.SeedCatalog(t, store)
 	t.Cleanup(func() { _ = store.Close() })
 	e.store = store
 	if guard == nil {

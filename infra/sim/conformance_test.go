@@ -29,6 +29,7 @@ func TestConformance(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
+					repotest.SeedCatalog(t, store)
 					t.Cleanup(func() { _ = store.Close() })
 					s, err := sim.Open(context.Background(), store, sim.Config{})
 					if err != nil {

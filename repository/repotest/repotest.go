@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -163,7 +164,9 @@ func Backends(t testing.TB) []Backend {
 	return bs
 }
 
-// Open opens a Store on a fresh database of backend b, closed at the end of the test.
+// Open opens a Store on a fresh database of backend b, closed at the end of
+// the test, its catalog seeded with the tests' versions and offerings
+// (SeedCatalog).
 func Open(t testing.TB, b Backend, opts ...repository.Option) *repository.Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -173,7 +176,40 @@ func Open(t testing.TB, b Backend, opts ...repository.Option) *repository.Store 
 		t.Fatalf("open %s store: %v", b.Name, err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
+	SeedCatalog(t, s)
 	return s
+}
+
+// Versions and Offerings are the catalog SeedCatalog writes: every
+// Kubernetes version and service offering the tests' clusters use, all
+// ENABLED, the versions without minimum sizes (a cluster's claim needs its
+// version and offerings in the catalog; the service checks the sizes).
+var (
+	Versions  = []string{"1.28.9", "1.29.4", "1.29.6", "1.30.2", "1.30.5", "1.31.1"}
+	Offerings = []repository.ServiceOffering{
+		{Name: "small", CPUs: 1, MemoryMB: 1024},
+		{Name: "medium", CPUs: 2, MemoryMB: 2048},
+		{Name: "large", CPUs: 4, MemoryMB: 8192},
+		{Name: "xlarge", CPUs: 8, MemoryMB: 16384},
+	}
+)
+
+// SeedCatalog fills an empty catalog of s with Versions and Offerings.
+func SeedCatalog(t testing.TB, s *repository.Store) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	vs := make([]repository.KubernetesVersion, len(Versions))
+	for i, v := range Versions {
+		vs[i] = repository.KubernetesVersion{Version: v, State: repository.CatalogEnabled}
+	}
+	os := slices.Clone(Offerings)
+	for i := range os {
+		os[i].State = repository.CatalogEnabled
+	}
+	if err := s.SeedCatalog(ctx, vs, os); err != nil {
+		t.Fatalf("seed catalog: %v", err)
+	}
 }
 
 func sqliteDSN(t testing.TB) string {

@@ -260,7 +260,8 @@ type Cluster struct {
 	ControlNodeCount int32 `protobuf:"varint,7,opt,name=control_node_count,json=controlNodeCount,proto3" json:"control_node_count,omitempty"`
 	// The number of worker nodes.
 	WorkerNodeCount int32 `protobuf:"varint,8,opt,name=worker_node_count,json=workerNodeCount,proto3" json:"worker_node_count,omitempty"`
-	// The service offering (machine size) of every node.
+	// The service offering (machine size) of the worker nodes, and of the
+	// control nodes unless control_offering names another.
 	ServiceOffering string `protobuf:"bytes,9,opt,name=service_offering,json=serviceOffering,proto3" json:"service_offering,omitempty"`
 	// The cluster autoscaler's settings.
 	Autoscaling *Autoscaling `protobuf:"bytes,10,opt,name=autoscaling,proto3" json:"autoscaling,omitempty"`
@@ -275,9 +276,12 @@ type Cluster struct {
 	// When the cluster was created.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When the cluster last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// The service offering of the control nodes; empty on create means
+	// service_offering. Get and List return the offering they have.
+	ControlOffering string `protobuf:"bytes,17,opt,name=control_offering,json=controlOffering,proto3" json:"control_offering,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Cluster) Reset() {
@@ -420,6 +424,13 @@ func (x *Cluster) GetUpdateTime() *timestamppb.Timestamp {
 		return x.UpdateTime
 	}
 	return nil
+}
+
+func (x *Cluster) GetControlOffering() string {
+	if x != nil {
+		return x.ControlOffering
+	}
+	return ""
 }
 
 // The cluster autoscaler's settings.
@@ -1657,7 +1668,7 @@ var File_clusterlifecycle_v1_clusterlifecycle_proto protoreflect.FileDescriptor
 
 const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\n" +
-	"*clusterlifecycle/v1/clusterlifecycle.proto\x12\x13clusterlifecycle.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x17google/api/client.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a#google/longrunning/operations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\xde\b\n" +
+	"*clusterlifecycle/v1/clusterlifecycle.proto\x12\x13clusterlifecycle.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x17google/api/client.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a#google/longrunning/operations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\x8e\t\n" +
 	"\aCluster\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\bR\x04name\x12&\n" +
 	"\fdisplay_name\x18\x02 \x01(\tB\x03\xe0A\x02R\vdisplayName\x12%\n" +
@@ -1677,7 +1688,8 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\vcreate_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\n" +
 	"createTime\x12@\n" +
 	"\vupdate_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\n" +
-	"updateTime\"\x82\x02\n" +
+	"updateTime\x12.\n" +
+	"\x10control_offering\x18\x11 \x01(\tB\x03\xe0A\x01R\x0fcontrolOffering\"\x82\x02\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\f\n" +
