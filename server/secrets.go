@@ -19,11 +19,11 @@ var errNoSecretsKey = errors.New("config: --secrets-key-file is required when id
 	"it encrypts the clusters' CA and admin keys in the database. Create one, mode 0600, of lines `<key id> <base64 of 32 random bytes>`, e.g. " +
 	"(umask 077; echo \"k1 $(head -c 32 /dev/urandom | base64)\" > /etc/clusterd/secrets.key)")
 
-// loadSecrets is the keyring that seals the clusters' credentials: the key
-// file's when one is given. Without one, only a development-mode server
-// goes on, with a key of its own (DevSecretsKeyPath), created 0600 the
-// first time and logged; any other refuses to start (errNoSecretsKey).
-func loadSecrets(cfg Config, devMode bool, log *slog.Logger) (*secrets.Keyring, error) {
+// loadSecrets is the keyring of the --secrets-key-file, read before the
+// database is opened so that a bad file stops the start at once. Without
+// one, only a development-mode server goes on (nil: devSecrets, once the
+// database is open); any other refuses to start (errNoSecretsKey).
+func loadSecrets(cfg Config, devMode bool) (*secrets.Keyring, error) {
 	if cfg.SecretsKeyFile != "" {
 		k, err := secrets.LoadKeyFile(cfg.SecretsKeyFile)
 		if err != nil {
@@ -34,13 +34,22 @@ func loadSecrets(cfg Config, devMode bool, log *slog.Logger) (*secrets.Keyring, 
 	if !devMode {
 		return nil, errNoSecretsKey
 	}
+	return nil, nil
+}
+
+// devSecrets is the keyring of a development-mode server given no key
+// file: the one of DevSecretsKeyPath, created 0600 the first time (and
+// logged), or, for an in-memory database, a key in memory.
+func devSecrets(cfg Config, log *slog.Logger) (*secrets.Keyring, error) {
 	path := DevSecretsKeyPath(cfg.Database)
 	if path == "" {
 		log.Warn("development mode without --secrets-key-file: the clusters' credentials are sealed under a key kept in memory only (in-memory database)")
 		return secrets.Ephemeral(), nil
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("development secrets key: %w", err)
+	if !strings.HasPrefix(cfg.Database, "sqlite:") {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("development secrets key: %w", err)
+		}
 	}
 	k, created, err := secrets.LoadOrCreateKeyFile(path, time.Now())
 	if err != nil {

@@ -185,7 +185,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.auth, err = auth.New(auth.Config{TokensFile: cfg.AuthTokens, ClientCertificates: s.certs != nil && s.certs.clientCAs != nil}); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	keyring, err := loadSecrets(cfg, s.auth.DevMode(), s.log)
+	keyring, err := loadSecrets(cfg, s.auth.DevMode())
 	if err != nil {
 		return nil, err
 	}
@@ -193,6 +193,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cleanup := func() { _ = s.store.Close() }
+	if keyring == nil {
+		if keyring, err = devSecrets(cfg, s.log); err != nil {
+			cleanup()
+			return nil, err
+		}
+	}
 	// The simulator's own tables, beside clusterd's (sim.Migrate).
 	if err := sim.Migrate(ctx, s.store); err != nil {
 		cleanup()

@@ -409,7 +409,13 @@ func TestTokensAndTLS(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte(line("admin-token", "ops", "admin")+line("team-a-token", "team-a", "user")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := serve(t, func(c *server.Config) { c.AuthTokens, c.TLSCert, c.TLSKey = tokens, certFile, keyFile })
+	secretsKey := filepath.Join(dir, "secrets.key")
+	if err := os.WriteFile(secretsKey, []byte("k1 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, func(c *server.Config) {
+		c.AuthTokens, c.TLSCert, c.TLSKey, c.SecretsKeyFile = tokens, certFile, keyFile, secretsKey
+	})
 
 	env := map[string]string{"CLUSTERCTL_SERVER": addr, "CLUSTERCTL_TLS_CA": caFile}
 	refused(t, env, 1, "UNAUTHENTICATED CREDENTIALS_MISSING", "list")
