@@ -98,7 +98,9 @@ func TestRotation(t *testing.T) {
 }
 
 func TestKeyFile(t *testing.T) {
-	b64 := func(b byte) string { return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{b}, secrets.KeySize)) }
+	b64 := func(b byte) string {
+		return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{b}, secrets.KeySize))
+	}
 	tests := []struct {
 		name    string
 		content string

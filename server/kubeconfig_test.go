@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 	"github.com/clusterd/clusterd/service"
@@ -294,4 +296,33 @@ func TestDatabaseHoldsNoKeyInTheClear(t *testing.T) {
 			t.Fatalf("scanned %d rows of %v; no cluster_secrets row among them", scanned, tables)
 		}
 	})
+}
+
+// The bootstrap hands the cluster's CA to its nodes: the control node's
+// join (kubeadm's init) gets the certificate and key, the workers' the
+// certificate only, as the simulator records.
+func TestBootstrapHandsTheCAToTheNodes(t *testing.T) {
+	h := start(t, repotest.Backends(t)[0])
+	c := h.create(t, "web", 2)
+	k, err := h.clients.clusters.GetKubeconfig(tctx(t), &clv1.GetKubeconfigRequest{Name: c.GetName()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	machines, err := h.srv.sim.Machines(tctx(t), strings.TrimPrefix(c.GetName(), "clusters/"))
+	if err != nil || len(machines) != 3 {
+		t.Fatalf("machines: %d, %v", len(machines), err)
+	}
+	for _, m := range machines {
+		got, ok := h.srv.sim.Received(m.ID)
+		if !ok {
+			t.Errorf("machine %s (%s) never joined", m.ID, m.Role)
+			continue
+		}
+		if got.CACert != sim.Fingerprint([]byte(k.GetCertificateAuthority())) {
+			t.Errorf("machine %s (%s) was handed another CA certificate", m.ID, m.Role)
+		}
+		if want := m.Role == infra.RoleControl; got.CAKey != want {
+			t.Errorf("machine %s (%s) handed the CA key: %v; want %v", m.ID, m.Role, got.CAKey, want)
+		}
+	}
 }

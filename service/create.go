@@ -181,7 +181,7 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 	}
 	for _, m := range machines {
 		if !m.Joined {
-			if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(m.ID), c.Spec.KubernetesVersion) }); err != nil {
+			if err := o.joinNode(ctx, m.ID, m.Role, c.Spec.KubernetesVersion); err != nil {
 				return "", err
 			}
 		}
