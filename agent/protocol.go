@@ -99,6 +99,11 @@ type Request struct {
 	Cluster string `json:"cluster"` // join
 	Version string `json:"version"` // join, upgrade
 	Name    string `json:"name"`    // deploy
+	// CACert and CAKey (PEM) are the cluster's CA, handed over on join: a
+	// control node's init gets both, a worker's join the certificate only.
+	// The agent stores them under Config.PKIDir (ca.crt, ca.key 0600).
+	CACert string `json:"ca_cert,omitempty"` // join
+	CAKey  string `json:"ca_key,omitempty"`  // join (control nodes)
 }
 
 // Response is the agent's answer to the request with the same ID.

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,6 +68,11 @@ type Config struct {
 	ISO ISOReader
 	// Machine is the machine id reported in Status.
 	Machine string
+	// PKIDir, when set, is where a join's cluster CA is written: ca.crt
+	// (0644) and, on a control node, ca.key (0600), kubeadm's
+	// /etc/kubernetes/pki layout. Empty: the CA is not kept (an in-process
+	// stand-in for a guest).
+	PKIDir string
 }
 
 // nodeState is what the agent saves in its Store.
@@ -172,6 +179,9 @@ func Handle(cfg Config, req Request) Response {
 	}
 	resp := Response{ID: req.ID}
 	next, kubeconfig, err := apply(cfg, st, req)
+	if err == nil && req.Op == OpJoin {
+		err = storePKI(cfg.PKIDir, req)
+	}
 	if err == nil && !stateEqual(st, next) {
 		if err = saveState(cfg.State, next); err == nil {
 			st = next
@@ -329,4 +339,42 @@ func saveState(s Store, st nodeState) error {
 func stateEqual(a, b nodeState) bool {
 	return a.Cluster == b.Cluster && a.Version == b.Version && a.Joined == b.Joined &&
 		a.Cordoned == b.Cordoned && slices.Equal(a.Addons, b.Addons)
+}
+
+// storePKI writes a join's cluster CA under dir (see Config.PKIDir), each
+// file through a temporary one renamed over it, so a node never holds half
+// a key. Nothing to do without dir or without a CA in the request.
+func storePKI(dir string, req Request) error {
+	if dir == "" || req.CACert == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("store the cluster CA: %w", err)
+	}
+	files := []struct {
+		name string
+		data string
+		mode os.FileMode
+	}{{"ca.crt", req.CACert, 0o644}}
+	if req.CAKey != "" {
+		files = append(files, struct {
+			name string
+			data string
+			mode os.FileMode
+		}{"ca.key", req.CAKey, 0o600})
+	}
+	for _, f := range files {
+		path := filepath.Join(dir, f.name)
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(f.data), f.mode); err != nil {
+			return fmt.Errorf("store the cluster CA: %w", err)
+		}
+		if err := os.Chmod(tmp, f.mode); err != nil {
+			return fmt.Errorf("store the cluster CA: %w", err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			return fmt.Errorf("store the cluster CA: %w", err)
+		}
+	}
+	return nil
 }

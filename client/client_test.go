@@ -66,6 +66,7 @@ func TestReasonsMatchTheServer(t *testing.T) {
 		client.ReasonInvalidStateTransition: service.ReasonInvalidStateTransition,
 		client.ReasonInvalidArgument:        service.ReasonInvalidArgument,
 		client.ReasonNotFound:               service.ReasonNotFound,
+		client.ReasonKubeconfigUnavailable:  service.ReasonKubeconfigUnavailable,
 		client.ReasonAlreadyExists:          service.ReasonAlreadyExists,
 		client.ReasonDatabaseUnavailable:    service.ReasonDatabaseUnavailable,
 		client.ReasonServerUnavailable:      service.ReasonServerUnavailable,

@@ -42,6 +42,9 @@ const (
 	ReasonNotImplemented = "NOT_IMPLEMENTED"
 	// ReasonInternal (INTERNAL): a server bug; the server logged the cause.
 	ReasonInternal = "INTERNAL"
+	// ReasonKubeconfigUnavailable (FAILED_PRECONDITION): GetKubeconfig of a
+	// cluster with no API endpoint yet, DESTROYED, or without credentials.
+	ReasonKubeconfigUnavailable = "KUBECONFIG_UNAVAILABLE"
 )
 
 // CodeName spells c as google.rpc.Code does (CANCELLED, NOT_FOUND,

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -50,7 +51,11 @@ func TestTokensReloadOnSIGHUP(t *testing.T) {
 	if err := os.WriteFile(path, []byte(tokenLine("first-token", "team-a", "user")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := startServer(t, dsn, "e2e-sighup", "--auth-tokens", path)
+	keys := filepath.Join(t.TempDir(), "secrets.key")
+	if err := os.WriteFile(keys, []byte("k1 "+base64.StdEncoding.EncodeToString(make([]byte, 32))+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, dsn, "e2e-sighup", "--auth-tokens", path, "--secrets-key-file", keys)
 	counter := &connCounter{}
 	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithStatsHandler(counter))
 	if err != nil {

@@ -159,6 +159,17 @@ type Call struct {
 	MachineID string
 }
 
+// NodeCredentials is what a node is handed of its cluster's credentials
+// when it joins: a control node gets the CA's certificate and key (its init
+// signs the cluster's other certificates with them, as kubeadm's init does
+// with a CA it is given); a worker the CA certificate only (to trust the
+// API server). PEM; both empty for a cluster without credentials. A driver
+// must never log or store CAKey in the clear.
+type NodeCredentials struct {
+	CACert []byte
+	CAKey  []byte
+}
+
 // ErrNotFound: the machine does not exist.
 var ErrNotFound = errors.New("machine not found")
 
@@ -201,8 +212,11 @@ type Infrastructure interface {
 	// so no machine is ever without its rules.
 	ConfigureNetwork(ctx context.Context, c Call, want []Rule) error
 	// JoinNode (join_node) joins c.MachineID to its cluster's Kubernetes,
-	// installing version (an adopted external machine runs none before).
-	JoinNode(ctx context.Context, c Call, version string) error
+	// installing version (an adopted external machine runs none before),
+	// handing it the cluster's credentials (kubeadm's init on a control
+	// node, its join on a worker; empty for a cluster made before clusterd
+	// kept credentials).
+	JoinNode(ctx context.Context, c Call, version string, creds NodeCredentials) error
 	// WaitAPI (wait_api) waits for the cluster's API server and returns its endpoint.
 	WaitAPI(ctx context.Context, c Call) (endpoint string, err error)
 	// FetchKubeconfig (fetch_kubeconfig) and DeployProvider (deploy_provider) finish a cluster.

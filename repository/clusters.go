@@ -24,6 +24,10 @@ type NewCluster struct {
 	DisplayName string
 	Description string
 	Spec        Spec
+	// Secrets, sealed by the caller for cluster ID (NewClusterID), are
+	// inserted in the create's transaction: a cluster never exists without
+	// its credentials, nor credentials without their cluster.
+	Secrets []Secret
 }
 
 // NewJob is what a claim needs to insert the job that holds the cluster.
@@ -186,7 +190,7 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		if err := tx.Create(&ev).Error; err != nil {
 			return fmt.Errorf("insert event: %w", classify(err))
 		}
-		return nil
+		return insertSecrets(tx, nc.ID, nc.Secrets, now)
 	})
 	if err != nil {
 		return Cluster{}, Job{}, fmt.Errorf("create cluster %q: %w", nc.DisplayName, classify(err))
@@ -416,6 +420,11 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 	}
 	if res.RowsAffected != 1 {
 		return Cluster{}, errMissed
+	}
+	if to == lifecycle.Destroyed {
+		if err := deleteSecrets(tx, t.ClusterID); err != nil {
+			return Cluster{}, err
+		}
 	}
 	op := t.Operation
 	if op == "" {

@@ -109,6 +109,11 @@ type Config struct {
 	// OnOwnerLossFail fails it and recovers its cluster, as before adoption
 	// existed. Every server sharing a database should use the same.
 	OnOwnerLoss string
+	// SecretsKeyFile is the --secrets-key-file: the keys that encrypt the
+	// clusters' credentials at rest (package secrets documents the
+	// format). Required with identities; a development-mode server without
+	// one uses DevSecretsKeyPath.
+	SecretsKeyFile string
 	// MaxOperationAttempts bounds adoption: an operation that has run this
 	// many times (on the server that accepted it and the ones that adopted
 	// it) is failed when its server is lost again (default 3).
@@ -182,10 +187,20 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.auth, err = auth.New(auth.Config{TokensFile: cfg.AuthTokens, ClientCertificates: s.certs != nil && s.certs.clientCAs != nil}); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
+	keyring, err := loadSecrets(cfg, s.auth.DevMode())
+	if err != nil {
+		return nil, err
+	}
 	if s.store, err = openDatabase(ctx, cfg); err != nil {
 		return nil, err
 	}
 	cleanup := func() { _ = s.store.Close() }
+	if keyring == nil {
+		if keyring, err = devSecrets(cfg, s.log); err != nil {
+			cleanup()
+			return nil, err
+		}
+	}
 	// The simulator's own tables, beside clusterd's (sim.Migrate).
 	if err := sim.Migrate(ctx, s.store); err != nil {
 		cleanup()
@@ -259,7 +274,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.infra, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
-		Lease: s.lease, HandOff: resume,
+		Lease: s.lease, HandOff: resume, Secrets: keyring,
 	})
 	var adopter scanner.Adopter
 	if resume {

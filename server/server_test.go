@@ -70,6 +70,10 @@ func startOn(t testing.TB, dsn string, mutate ...func(*Config)) *harness {
 	for _, m := range mutate {
 		m(&cfg)
 	}
+	if (cfg.AuthTokens != "" || cfg.TLSClientCA != "") && cfg.SecretsKeyFile == "" {
+		// With identities a server needs a key file of its own.
+		cfg.SecretsKeyFile = testKeyFile(t)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := New(ctx, cfg)
 	if err != nil {

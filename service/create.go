@@ -48,6 +48,15 @@ func (s *Clusters) create(ctx context.Context, nc repository.NewCluster, key ide
 	if err := s.mayClaim(); err != nil {
 		return nil, err
 	}
+	// The cluster's CA and admin certificate are made, and sealed for its
+	// id, before the transaction that inserts it with them.
+	if nc.ID == "" {
+		nc.ID = repository.NewClusterID()
+	}
+	var err error
+	if nc.Secrets, err = s.sealCredentials(nc.ID); err != nil {
+		return nil, err
+	}
 	params, _ := json.Marshal(nc.Spec)
 	nj := s.newJob(VerbCreate, key, string(params))
 	release, err := s.runner.Reserve(nj.ID)
@@ -172,7 +181,7 @@ func (o *op) bringUp(ctx context.Context, c repository.Cluster) (endpoint string
 	}
 	for _, m := range machines {
 		if !m.Joined {
-			if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(m.ID), c.Spec.KubernetesVersion) }); err != nil {
+			if err := o.joinNode(ctx, m.ID, m.Role, c.Spec.KubernetesVersion); err != nil {
 				return "", err
 			}
 		}

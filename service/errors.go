@@ -296,6 +296,7 @@ func Status(err error) *status.Status {
 		inUse      *repository.InUseError
 		step       *StepError
 		changed    *MachinesChangedError
+		noKubecfg  *KubeconfigUnavailableError
 	)
 	switch {
 	// Why an operation ended without success (the job's stored error).
@@ -322,6 +323,8 @@ func Status(err error) *status.Status {
 		return build(codes.FailedPrecondition, changed.Error(), ReasonMachinesChanged,
 			map[string]string{"cluster": "clusters/" + changed.Cluster})
 	// Errors of requests.
+	case errors.As(err, &noKubecfg):
+		return build(codes.FailedPrecondition, noKubecfg.Error(), ReasonKubeconfigUnavailable, nil)
 	case errors.Is(err, auth.ErrRevoked):
 		return build(codes.Unauthenticated, err.Error(), ReasonCredentialsRevoked, nil)
 	case errors.Is(err, auth.ErrNoCredentials):

@@ -127,7 +127,7 @@ func (s *Clusters) addWork(ctx context.Context, o *op, p nodesPlan) (repository.
 			o.expect(-1)
 			continue
 		}
-		if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(id), c.Spec.KubernetesVersion) }); err != nil {
+		if err := o.joinNode(ctx, id, infra.RoleWorker, c.Spec.KubernetesVersion); err != nil {
 			return repository.Changes{}, err
 		}
 	}

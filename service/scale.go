@@ -302,7 +302,7 @@ func (o *op) addWorkers(ctx context.Context, c repository.Cluster, spec reposito
 		if o.resumed() && m.Joined {
 			continue
 		}
-		if err := o.do(ctx, infra.StepJoinNode, func() error { return s.infra.JoinNode(ctx, o.call(m.ID), spec.KubernetesVersion) }); err != nil {
+		if err := o.joinNode(ctx, m.ID, m.Role, spec.KubernetesVersion); err != nil {
 			return err
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/runner"
+	"github.com/clusterd/clusterd/secrets"
 )
 
 // Store is the part of the repository the cluster handlers use.
@@ -35,6 +36,9 @@ type Store interface {
 	// step 4; see Clusters.Adopt).
 	AdoptJob(ctx context.Context, a repository.Adoption) (repository.Job, error)
 	HandOffJob(ctx context.Context, h repository.HandOff) (repository.Job, error)
+	// ClusterSecrets reads a cluster's sealed credentials, recording the
+	// read in its history (GetKubeconfig).
+	ClusterSecrets(ctx context.Context, clusterID string, audit *repository.Event) ([]repository.Secret, error)
 }
 
 // JobStarter runs claimed jobs asynchronously (the runner). Reserve lists a
@@ -68,6 +72,11 @@ type ClustersConfig struct {
 	// runner no longer starts, is handed off for a live server to adopt
 	// rather than failed (--on-owner-loss=resume).
 	HandOff bool
+	// Secrets seals the credentials every create makes and opens them for
+	// GetKubeconfig (the --secrets-key-file). Nil: a key that lives in
+	// memory only (secrets.Ephemeral), for tests, whose credentials no
+	// other process can open.
+	Secrets *secrets.Keyring
 }
 
 // Lease says whether this server may act (package lease).
@@ -89,6 +98,7 @@ type Clusters struct {
 	log         *slog.Logger
 	lease       Lease
 	handOff     bool
+	secrets     *secrets.Keyring
 	// draining is set by Drain: the server is stopping and claims nothing.
 	draining atomic.Bool
 	// repairs counts the leftovers recovery has converged (SPEC §5.3).
@@ -110,7 +120,10 @@ func NewClusters(cfg ClustersConfig) *Clusters {
 	s := &Clusters{
 		store: cfg.Store, runner: cfg.Runner, infra: cfg.Infra, serverID: cfg.ServerID,
 		incarnation: cfg.Incarnation, deadlines: cfg.Deadlines, now: cfg.Clock, log: cfg.Logger, lease: cfg.Lease,
-		handOff: cfg.HandOff,
+		handOff: cfg.HandOff, secrets: cfg.Secrets,
+	}
+	if s.secrets == nil {
+		s.secrets = secrets.Ephemeral()
 	}
 	if cfg.Catalog != nil {
 		s.catalog = *cfg.Catalog

@@ -264,7 +264,7 @@ func TestSimulatorFaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		go func() {
-			done <- b.JoinNode(ctx, infra.Call{ClusterID: clusterID, Operation: op, MachineID: nodeID}, "1.30.2")
+			done <- b.JoinNode(ctx, infra.Call{ClusterID: clusterID, Operation: op, MachineID: nodeID}, "1.30.2", infra.NodeCredentials{})
 		}()
 		if _, err := b.WaitHeld(ctx, nil); err != nil {
 			t.Fatal(err)

@@ -48,6 +48,9 @@ type op struct {
 	// total is the number of steps the operation expects so far; it grows as
 	// each phase learns how much work it has.
 	total int32
+	// ca is the cluster's CA as its joins hand it to nodes (nodeCredentials),
+	// read once.
+	ca *infra.NodeCredentials
 	// repairKind is the kind of operation whose leftovers a failure repairs
 	// (repair): the job's own kind, or, for the recovery of an orphan, the
 	// orphan's (repairKind).

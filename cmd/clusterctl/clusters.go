@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"time"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
@@ -109,8 +113,79 @@ func (a *app) clusterCommands() []*cobra.Command {
 			func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error) {
 				return c.Clusters.DeleteCluster(ctx, &clv1.DeleteClusterRequest{Name: name, RequestId: m.requestID, Etag: m.etag})
 			}),
-		a.eventsCommand(),
+		a.eventsCommand(), a.kubeconfigCommand(),
 	}
+}
+
+// kubeconfigCommand is `clusterctl kubeconfig CLUSTER [-f FILE]`: the
+// cluster's admin kubeconfig on stdout (-o json: the whole Kubeconfig
+// message), or written to FILE with mode 0600 (it holds a private key).
+// The file flag is -f, not -o, which is every command's output format.
+func (a *app) kubeconfigCommand() *cobra.Command {
+	var file string
+	cmd := &cobra.Command{
+		Use:   "kubeconfig CLUSTER [-f FILE]",
+		Short: "Print (or write to a 0600 file) a cluster's admin kubeconfig; the read is recorded in its events",
+		Example: "  clusterctl kubeconfig demo -f demo.kubeconfig && kubectl --kubeconfig demo.kubeconfig get nodes\n" +
+			"  clusterctl kubeconfig demo > ~/.kube/demo   # mind the file's mode",
+		Args:              args(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.clusterArg,
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			name, err := a.clusterName(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd.Context())
+			k, err := c.Clusters.GetKubeconfig(ctx, &clv1.GetKubeconfigRequest{Name: name})
+			cancel()
+			if err != nil {
+				return err
+			}
+			if file != "" {
+				if err := writePrivate(file, []byte(k.GetKubeconfig())); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "Wrote the kubeconfig of %s (context %s) to %s.\n", argv[0], k.GetContext(), file)
+				return nil
+			}
+			if a.output == "json" {
+				return a.printJSON(k)
+			}
+			_, err = io.WriteString(a.stdout, k.GetKubeconfig())
+			return err
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "write the kubeconfig to this file (mode 0600, replacing it) instead of stdout")
+	return cmd
+}
+
+// writePrivate writes data to path readable by its owner only, whatever
+// mode a file already there had: it is written to a new 0600 file beside
+// it, then renamed over it.
+func writePrivate(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	_, werr := tmp.Write(data)
+	if err := tmp.Chmod(0o600); werr == nil {
+		werr = err
+	}
+	if err := tmp.Close(); werr == nil {
+		werr = err
+	}
+	if werr == nil {
+		werr = os.Rename(tmp.Name(), path)
+	}
+	if werr != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("write %s: %w", path, werr)
+	}
+	return nil
 }
 
 func (a *app) createCommand() *cobra.Command {

@@ -409,7 +409,13 @@ func TestTokensAndTLS(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte(line("admin-token", "ops", "admin")+line("team-a-token", "team-a", "user")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := serve(t, func(c *server.Config) { c.AuthTokens, c.TLSCert, c.TLSKey = tokens, certFile, keyFile })
+	secretsKey := filepath.Join(dir, "secrets.key")
+	if err := os.WriteFile(secretsKey, []byte("k1 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, func(c *server.Config) {
+		c.AuthTokens, c.TLSCert, c.TLSKey, c.SecretsKeyFile = tokens, certFile, keyFile, secretsKey
+	})
 
 	env := map[string]string{"CLUSTERCTL_SERVER": addr, "CLUSTERCTL_TLS_CA": caFile}
 	refused(t, env, 1, "UNAUTHENTICATED CREDENTIALS_MISSING", "list")
@@ -474,4 +480,37 @@ func writeTLS(t *testing.T, dir string) (ca, cert, key string) {
 		return path
 	}
 	return write("ca.pem", "CERTIFICATE", caDER), write("server.pem", "CERTIFICATE", srvDER), write("server-key.pem", "EC PRIVATE KEY", keyDER)
+}
+
+// TestKubeconfig: clusterctl kubeconfig prints the cluster's kubeconfig,
+// writes it 0600 with -f (even over a looser file), and each read is in the
+// cluster's events.
+func TestKubeconfig(t *testing.T) {
+	addr := serve(t)
+	env := map[string]string{"CLUSTERCTL_SERVER": addr}
+	ok(t, env, "create", "kc", "--kubernetes-version", "1.30.2", "--offering", "medium", "--wait")
+	r := ok(t, env, "kubeconfig", "kc")
+	for _, want := range []string{"apiVersion: v1", "kind: Config", "certificate-authority-data:", "client-key-data:", "current-context: kubernetes-admin@kc"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("kubeconfig output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "kc.kubeconfig")
+	if err := os.WriteFile(file, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ok(t, env, "kubeconfig", "kc", "-f", file)
+	info, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Mode().Perm() != 0o600 {
+		t.Errorf("kubeconfig file mode %04o; want 0600", info.Mode().Perm())
+	}
+	if data, _ := os.ReadFile(file); !strings.Contains(string(data), "client-certificate-data:") {
+		t.Errorf("kubeconfig file holds %q", data)
+	}
+	if r := ok(t, env, "events", "kc"); strings.Count(r.stdout, "KUBECONFIG_READ") != 2 {
+		t.Errorf("events after two reads:\n%s", r.stdout)
+	}
 }

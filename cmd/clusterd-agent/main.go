@@ -28,6 +28,7 @@ func main() {
 	state := flag.String("state", "/dev/vda", "raw disk (or file) that keeps the agent's state")
 	iso := flag.String("iso", "/dev/sr0", "cdrom (or image file) holding the version's ISO")
 	machine := flag.String("machine", "", "machine id (default: clusterd.machine= on the kernel command line)")
+	pki := flag.String("pki-dir", "/etc/kubernetes/pki", "where a join's cluster CA is stored (ca.crt, and ca.key 0600 on a control node)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("clusterd-agent: ")
@@ -42,7 +43,7 @@ func main() {
 		// graceful shutdown) by powering off.
 		go watchPowerButton(ctx, "/dev/input", powerOff)
 	}
-	cfg := agent.Config{State: &agent.DiskStore{Path: *state}, ISO: agent.ISOFile{Path: *iso}, Machine: *machine}
+	cfg := agent.Config{State: &agent.DiskStore{Path: *state}, ISO: agent.ISOFile{Path: *iso}, Machine: *machine, PKIDir: *pki}
 	log.Printf("machine %q, state %s, iso %s, port %s", *machine, *state, *iso, *port)
 	serve(ctx, *port, cfg)
 }

@@ -41,6 +41,11 @@ func main() {
 }
 
 func run(args []string, getenv func(string) string, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "rotate-secrets" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return rotateSecrets(ctx, args[1:], getenv, os.Stdout, stderr)
+	}
 	cfg, _, err := parse(args, getenv, stderr)
 	if err != nil {
 		return err
@@ -124,9 +129,10 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.StringVar(&cfg.AuthTokens, "auth-tokens", "", "file of identities, one a line: sha256:<hex of the token's SHA-256> <account> <user|admin> (re-read on SIGHUP)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: serve gRPC and REST over TLS (re-read on SIGHUP)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "file of the keys that encrypt the clusters' CA and admin keys in the database, mode 0600: lines `<key id> <base64 of 32 bytes>`, the first one current (required with identities; development mode makes <sqlite file>.secrets-key)")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "PEM CA bundle: verify client certificates (mutual TLS); a certificate's CN is its account, OU=clusterd-admin makes it an admin")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: clusterd [flags]\n\nEvery flag can also be set as CLUSTERD_<FLAG> (e.g. CLUSTERD_GRPC_ADDR).")
+		fmt.Fprintln(stderr, "usage: clusterd [flags]\n       clusterd rotate-secrets --secrets-key-file F --database D\n\nEvery flag can also be set as CLUSTERD_<FLAG> (e.g. CLUSTERD_GRPC_ADDR).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -142,7 +148,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		env := "CLUSTERD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		env := envName(f.Name)
 		if v := getenv(env); v != "" && !given[f.Name] && envErr == nil && f.Name != "version" {
 			if err := f.Value.Set(v); err != nil {
 				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
@@ -172,6 +178,11 @@ func defaultServerID(host, grpcAddr string) string {
 		return host + ":" + port
 	}
 	return fmt.Sprintf("%s:pid%d", host, os.Getpid())
+}
+
+// envName is a flag's environment twin: --grpc-addr <- CLUSTERD_GRPC_ADDR.
+func envName(flag string) string {
+	return "CLUSTERD_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
 // errVersion asks main to print the version (--version) instead of serving.

@@ -26,7 +26,7 @@ func machineSteps(ctx context.Context, e *env, call infra.Call) map[string]error
 		infra.StepResizeMachine:  d.ResizeMachine(ctx, call, e.h.Offerings[1]),
 		infra.StepAttachISO:      d.AttachISO(ctx, call, iso(v)),
 		infra.StepDetachISO:      d.DetachISO(ctx, call),
-		infra.StepJoinNode:       d.JoinNode(ctx, call, v),
+		infra.StepJoinNode:       d.JoinNode(ctx, call, v, infra.NodeCredentials{}),
 		infra.StepDrainNode:      d.DrainNode(ctx, call),
 		infra.StepUncordonNode:   d.UncordonNode(ctx, call),
 		infra.StepUpgradeNode:    d.UpgradeNode(ctx, call, v),
@@ -55,7 +55,7 @@ func everyStep(ctx context.Context, e *env, f fixture, call func(machine string)
 		infra.StepAttachISO:        d.AttachISO(ctx, call(f.worker), iso(v)),
 		infra.StepDetachISO:        d.DetachISO(ctx, call(f.control)),
 		infra.StepConfigureNetwork: d.ConfigureNetwork(ctx, call(""), []infra.Rule{{MachineID: f.worker, Kind: "nodeport", Port: 30080}}),
-		infra.StepJoinNode:         d.JoinNode(ctx, call(f.worker), v),
+		infra.StepJoinNode:         d.JoinNode(ctx, call(f.worker), v, infra.NodeCredentials{}),
 		infra.StepWaitAPI:          wait,
 		infra.StepFetchKubeconfig:  d.FetchKubeconfig(ctx, call("")),
 		infra.StepDeployProvider:   d.DeployProvider(ctx, call("")),
@@ -483,7 +483,7 @@ func testDeleteNode(t *testing.T, e *env) {
 		t.Errorf("Machines(b) = %v; want it to list the machine it took, %s", got, a.worker)
 	}
 	must(t, "attach_iso to the taken machine", e.infra().AttachISO(e.ctx, b.on(a.worker), iso(e.h.Versions[1])))
-	must(t, "join_node of the taken machine", e.infra().JoinNode(e.ctx, b.on(a.worker), e.h.Versions[1]))
+	must(t, "join_node of the taken machine", e.infra().JoinNode(e.ctx, b.on(a.worker), e.h.Versions[1], infra.NodeCredentials{}))
 	if m := e.machine(t, a.worker); !m.Joined || m.KubernetesVersion != e.h.Versions[1] {
 		t.Errorf("after join_node by b: %+v; want joined at %s", m, e.h.Versions[1])
 	}
@@ -602,8 +602,8 @@ func (e *env) concurrentCluster(i int) (fixture, error) {
 		}},
 		{"attach control", func() error { return d.AttachISO(ctx, f.on(f.control), iso(v0)) }},
 		{"attach worker", func() error { return d.AttachISO(ctx, f.on(f.worker), iso(v0)) }},
-		{"join control", func() error { return d.JoinNode(ctx, f.on(f.control), v0) }},
-		{"join worker", func() error { return d.JoinNode(ctx, f.on(f.worker), v0) }},
+		{"join control", func() error { return d.JoinNode(ctx, f.on(f.control), v0, infra.NodeCredentials{}) }},
+		{"join worker", func() error { return d.JoinNode(ctx, f.on(f.worker), v0, infra.NodeCredentials{}) }},
 		{"configure network", func() error { return d.ConfigureNetwork(ctx, call, controlRules(f)) }},
 		{"wait api", func() error { _, err := d.WaitAPI(ctx, call); return err }},
 		{"power off worker", func() error { return d.PowerOff(ctx, f.on(f.worker)) }},

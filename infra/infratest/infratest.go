@@ -246,7 +246,7 @@ func (e *env) ready(t *testing.T, f fixture) {
 	t.Helper()
 	for _, m := range []string{f.control, f.worker} {
 		must(t, "attach_iso", e.infra().AttachISO(e.ctx, f.on(m), iso(e.h.Versions[0])))
-		must(t, "join_node", e.infra().JoinNode(e.ctx, f.on(m), e.h.Versions[0]))
+		must(t, "join_node", e.infra().JoinNode(e.ctx, f.on(m), e.h.Versions[0], infra.NodeCredentials{}))
 	}
 	must(t, "configure_network", e.infra().ConfigureNetwork(e.ctx, f.call, baseRules(f)))
 }

@@ -143,7 +143,7 @@ func stepCases() []stepCase {
 				must(t, "attach_iso", e.infra().AttachISO(e.ctx, f.on(f.worker), iso(e.h.Versions[1])))
 			},
 			run: func(ctx context.Context, e *env, f fixture) error {
-				return e.infra().JoinNode(ctx, f.on(f.worker), e.h.Versions[1])
+				return e.infra().JoinNode(ctx, f.on(f.worker), e.h.Versions[1], infra.NodeCredentials{})
 			},
 			check: func(t *testing.T, e *env, f fixture, _ world) {
 				if m := e.machine(t, f.worker); !m.Joined || m.KubernetesVersion != e.h.Versions[1] {

@@ -123,13 +123,13 @@ func TestJoinNeedsTheVersionsISO(t *testing.T) {
 	ctx := ctxT(t)
 	c := e.newCluster(t)
 	m := e.provision(t, c, infra.RoleWorker)
-	if err := e.d.JoinNode(ctx, c.call(m.ID), "1.30.2"); err == nil || !strings.Contains(err.Error(), "no ISO attached") {
+	if err := e.d.JoinNode(ctx, c.call(m.ID), "1.30.2", infra.NodeCredentials{}); err == nil || !strings.Contains(err.Error(), "no ISO attached") {
 		t.Fatalf("join without an ISO: %v; want no ISO attached", err)
 	}
 	if err := e.d.AttachISO(ctx, c.call(m.ID), "kubernetes-1.29.9.iso"); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.d.JoinNode(ctx, c.call(m.ID), "1.30.2"); err == nil || !strings.Contains(err.Error(), `holds version "1.29.9"`) {
+	if err := e.d.JoinNode(ctx, c.call(m.ID), "1.30.2", infra.NodeCredentials{}); err == nil || !strings.Contains(err.Error(), `holds version "1.29.9"`) {
 		t.Fatalf("join with another version's ISO: %v", err)
 	}
 	if got := e.machine(t, m.ID); got.Joined {

@@ -290,7 +290,7 @@ func TestStepsConverge(t *testing.T) {
 
 	for _, m := range []string{ctl.ID, wrk.ID} {
 		twice(t, "attach_iso", func() error { return e.d.AttachISO(ctx, c.call(m), "kubernetes-1.30.2.iso") })
-		twice(t, "join_node", func() error { return e.d.JoinNode(ctx, c.call(m), "1.30.2") })
+		twice(t, "join_node", func() error { return e.d.JoinNode(ctx, c.call(m), "1.30.2", infra.NodeCredentials{}) })
 	}
 	if m := e.machine(t, wrk.ID); !m.Joined || m.AttachedISO != "kubernetes-1.30.2.iso" || m.KubernetesVersion != "1.30.2" {
 		t.Fatalf("after attach and join: %+v", m)
@@ -349,7 +349,7 @@ func TestStepsConverge(t *testing.T) {
 	if m := e.machine(t, wrk.ID); m.Power != infra.PowerStopped || e.state(t, wrk.ID) != golibvirt.DomainShutoff {
 		t.Fatalf("powered off machine: %+v, domain state %d", m, e.state(t, wrk.ID))
 	}
-	if err := e.d.JoinNode(ctx, c.call(wrk.ID), "1.30.2"); err == nil || !strings.Contains(err.Error(), "powered off") {
+	if err := e.d.JoinNode(ctx, c.call(wrk.ID), "1.30.2", infra.NodeCredentials{}); err == nil || !strings.Contains(err.Error(), "powered off") {
 		t.Fatalf("join of a stopped machine: %v; want powered off", err)
 	}
 	twice(t, "power_on", func() error { return e.d.PowerOn(ctx, c.call(wrk.ID)) })

@@ -104,7 +104,7 @@ func TestQEMUMachine(t *testing.T) {
 		t.Errorf("the running guest's cdrom has no ISO:\n%s", x)
 	}
 	timed("wait_api (boot)", waitAgent)
-	timed("join_node", func() error { return d.JoinNode(ctx, c, "1.30.2") })
+	timed("join_node", func() error { return d.JoinNode(ctx, c, "1.30.2", infra.NodeCredentials{}) })
 	timed("fetch_kubeconfig", func() error { return d.FetchKubeconfig(ctx, c) })
 	timed("deploy_provider", func() error { return d.DeployProvider(ctx, c) })
 	timed("drain_node", func() error { return d.DrainNode(ctx, c) })
@@ -135,7 +135,7 @@ func TestQEMUMachine(t *testing.T) {
 	timed("wait_api (reboot)", waitAgent)
 	// The agent kept its state on the machine's disk: joined at 1.31.1, so
 	// joining at it again needs no ISO.
-	timed("join_node (again)", func() error { return d.JoinNode(ctx, c, "1.31.1") })
+	timed("join_node (again)", func() error { return d.JoinNode(ctx, c, "1.31.1", infra.NodeCredentials{}) })
 	timed("delete_node", func() error { return d.DeleteNode(ctx, c) })
 	timed("destroy_machine", func() error { return d.DestroyMachine(ctx, c) })
 	if _, err := raw.DomainLookupByName(libvirt.DomainName(id)); !golibvirt.IsNotFound(err) {

@@ -378,9 +378,10 @@ func (d *Driver) agent(ctx context.Context, dm *domain, req agent.Request) (agen
 
 // JoinNode asks the call's machine's agent to install version (from the
 // attached ISO) and join the cluster; the machine must be running.
-func (d *Driver) JoinNode(ctx context.Context, c infra.Call, version string) error {
+func (d *Driver) JoinNode(ctx context.Context, c infra.Call, version string, creds infra.NodeCredentials) error {
 	return d.change(ctx, infra.StepJoinNode, c, func(dm *domain) error {
-		_, err := d.agent(ctx, dm, agent.Request{Op: agent.OpJoin, Cluster: c.ClusterID, Version: version})
+		_, err := d.agent(ctx, dm, agent.Request{Op: agent.OpJoin, Cluster: c.ClusterID, Version: version,
+			CACert: string(creds.CACert), CAKey: string(creds.CAKey)})
 		return err
 	})
 }

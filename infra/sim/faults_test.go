@@ -66,7 +66,7 @@ func TestFaultUntilCleared(t *testing.T) {
 		c := newCluster(t, s)
 		f := inject(t, s, sim.Fault{Step: infra.StepJoinNode, Mode: sim.ModeFail})
 		for i := range 3 {
-			if err := s.JoinNode(ctx, c.call(c.worker), "1.30.2"); !errors.Is(err, sim.ErrInjected) {
+			if err := s.JoinNode(ctx, c.call(c.worker), "1.30.2", infra.NodeCredentials{}); !errors.Is(err, sim.ErrInjected) {
 				t.Errorf("run %d: err = %v; want ErrInjected", i, err)
 			}
 		}
@@ -74,7 +74,7 @@ func TestFaultUntilCleared(t *testing.T) {
 			t.Errorf("Faults() = %+v; want [%+v]", fs, f)
 		}
 		s.ClearFaults()
-		if err := s.JoinNode(ctx, c.call(c.worker), "1.30.2"); err != nil {
+		if err := s.JoinNode(ctx, c.call(c.worker), "1.30.2", infra.NodeCredentials{}); err != nil {
 			t.Errorf("after ClearFaults: %v", err)
 		}
 	})
@@ -151,7 +151,7 @@ func TestHoldBlocksUntilReleased(t *testing.T) {
 		c := newCluster(t, s)
 		f := inject(t, s, sim.Fault{Step: infra.StepJoinNode, Mode: sim.ModeHold, ClusterID: c.id})
 		call := c.call(c.worker)
-		done := async(func() error { return s.JoinNode(ctx, call, "1.30.2") })
+		done := async(func() error { return s.JoinNode(ctx, call, "1.30.2", infra.NodeCredentials{}) })
 
 		h, err := s.WaitHeld(ctx, isStep(infra.StepJoinNode))
 		if err != nil {
@@ -188,7 +188,7 @@ func TestHoldBlocksUntilReleased(t *testing.T) {
 		}
 
 		// The fault (count 0) holds the next step too; ReleaseAll lets it go.
-		done = async(func() error { return s.JoinNode(ctx, call, "1.30.2") })
+		done = async(func() error { return s.JoinNode(ctx, call, "1.30.2", infra.NodeCredentials{}) })
 		if _, err := s.WaitHeld(ctx, isStep(infra.StepJoinNode)); err != nil {
 			t.Fatalf("WaitHeld: %v", err)
 		}

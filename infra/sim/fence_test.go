@@ -29,7 +29,7 @@ func everyStep(ctx context.Context, s *sim.Simulator, c cluster, call func(machi
 		infra.StepAttachISO:        s.AttachISO(ctx, call(c.worker), "k.iso"),
 		infra.StepDetachISO:        s.DetachISO(ctx, call(c.worker)),
 		infra.StepConfigureNetwork: s.ConfigureNetwork(ctx, call(""), []infra.Rule{{MachineID: c.worker, Kind: "ssh", Port: 22}}),
-		infra.StepJoinNode:         s.JoinNode(ctx, call(c.worker), "1.31.1"),
+		infra.StepJoinNode:         s.JoinNode(ctx, call(c.worker), "1.31.1", infra.NodeCredentials{}),
 		infra.StepWaitAPI:          wait,
 		infra.StepFetchKubeconfig:  s.FetchKubeconfig(ctx, call("")),
 		infra.StepDeployProvider:   s.DeployProvider(ctx, call("")),

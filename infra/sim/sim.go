@@ -71,6 +71,8 @@ type Simulator struct {
 	// refused counts the calls refused because their job no longer held
 	// the cluster.
 	refused atomic.Int64
+	// received is what each machine's joins were handed (Received).
+	received *receipts
 }
 
 var _ infra.Infrastructure = (*Simulator)(nil)
@@ -88,7 +90,7 @@ func Open(ctx context.Context, store Store, cfg Config) (*Simulator, error) {
 // must have the simulator's tables already (Open, Migrate). A simulator
 // whose steps are only validated may have no store.
 func New(store Store, cfg Config) *Simulator {
-	s := &Simulator{store: store, delay: cfg.StepDelay, now: cfg.Clock, log: cfg.Logger, inj: newInjector()}
+	s := &Simulator{store: store, delay: cfg.StepDelay, now: cfg.Clock, log: cfg.Logger, inj: newInjector(), received: newReceipts()}
 	if s.now == nil {
 		s.now = time.Now
 	}

@@ -274,7 +274,9 @@ func TestStepsAreIdempotent(t *testing.T) {
 		},
 		{
 			step: infra.StepJoinNode,
-			run:  func(ctx context.Context, e env) error { return e.s.JoinNode(ctx, e.c.call(e.c.worker), "1.30.2") },
+			run: func(ctx context.Context, e env) error {
+				return e.s.JoinNode(ctx, e.c.call(e.c.worker), "1.30.2", infra.NodeCredentials{})
+			},
 			check: func(t *testing.T, e env, w world) {
 				if m := find(w, e.c.worker); !m.Joined {
 					t.Error("not joined")
@@ -306,7 +308,7 @@ func TestStepsAreIdempotent(t *testing.T) {
 		{
 			step: infra.StepDeleteNode,
 			setup: func(ctx context.Context, e env) error {
-				return errors.Join(e.s.JoinNode(ctx, e.c.call(e.c.worker), "1.30.2"), e.s.DrainNode(ctx, e.c.call(e.c.worker)),
+				return errors.Join(e.s.JoinNode(ctx, e.c.call(e.c.worker), "1.30.2", infra.NodeCredentials{}), e.s.DrainNode(ctx, e.c.call(e.c.worker)),
 					e.s.AttachISO(ctx, e.c.call(e.c.worker), "x.iso"))
 			},
 			run: func(ctx context.Context, e env) error { return e.s.DeleteNode(ctx, e.c.call(e.c.worker)) },
@@ -426,7 +428,7 @@ func TestStepsOnAMissingMachine(t *testing.T) {
 		for name, err := range map[string]error{
 			"power_on":  s.PowerOn(ctx, call),
 			"power_off": s.PowerOff(ctx, call),
-			"join_node": s.JoinNode(ctx, call, "1.30.2"),
+			"join_node": s.JoinNode(ctx, call, "1.30.2", infra.NodeCredentials{}),
 		} {
 			if !errors.Is(err, infra.ErrNotFound) {
 				t.Errorf("%s of a missing machine: err = %v; want infra.ErrNotFound", name, err)
@@ -467,7 +469,7 @@ func TestJoinNodeNeedsARunningMachine(t *testing.T) {
 		if err := s.PowerOff(ctx, c.call(c.worker)); err != nil {
 			t.Fatal(err)
 		}
-		err := s.JoinNode(ctx, c.call(c.worker), "1.30.2")
+		err := s.JoinNode(ctx, c.call(c.worker), "1.30.2", infra.NodeCredentials{})
 		if want := fmt.Sprintf("machine %s is powered off", c.worker); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("join of a stopped machine: err = %v; want %q", err, want)
 		}

@@ -112,10 +112,15 @@ func (s *Simulator) DetachISO(ctx context.Context, c infra.Call) error {
 }
 
 // JoinNode joins the call's machine to its cluster's Kubernetes at version;
-// it must be running.
-func (s *Simulator) JoinNode(ctx context.Context, c infra.Call, version string) error {
-	return s.change(ctx, infra.StepJoinNode, c, repository.MachineCondition{Power: string(infra.PowerRunning)},
-		repository.MachineChanges{Joined: new(true), KubernetesVersion: &version})
+// it must be running. What it was handed of the cluster's credentials is
+// recorded (Received) once the join is made.
+func (s *Simulator) JoinNode(ctx context.Context, c infra.Call, version string, creds infra.NodeCredentials) error {
+	if err := s.change(ctx, infra.StepJoinNode, c, repository.MachineCondition{Power: string(infra.PowerRunning)},
+		repository.MachineChanges{Joined: new(true), KubernetesVersion: &version}); err != nil {
+		return err
+	}
+	s.received.record(c.MachineID, creds)
+	return nil
 }
 
 // UncordonNode lets work back onto the call's machine.

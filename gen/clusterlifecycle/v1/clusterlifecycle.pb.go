@@ -1664,6 +1664,128 @@ func (x *ListClusterEventsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// Request for GetKubeconfig.
+type GetKubeconfigRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// `clusters/{uuid}`.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKubeconfigRequest) Reset() {
+	*x = GetKubeconfigRequest{}
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKubeconfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKubeconfigRequest) ProtoMessage() {}
+
+func (x *GetKubeconfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKubeconfigRequest.ProtoReflect.Descriptor instead.
+func (*GetKubeconfigRequest) Descriptor() ([]byte, []int) {
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetKubeconfigRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// A cluster's admin credentials. It holds a private key: store it as a
+// secret (clusterctl writes it 0600).
+type Kubeconfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The kubeconfig (YAML, apiVersion v1, kind Config): one cluster (the
+	// API server's endpoint and the cluster's CA), one user (the admin client
+	// certificate and key), one context joining them, current.
+	Kubeconfig string `protobuf:"bytes,1,opt,name=kubeconfig,proto3" json:"kubeconfig,omitempty"`
+	// The API server's URL, as in the kubeconfig.
+	Server string `protobuf:"bytes,2,opt,name=server,proto3" json:"server,omitempty"`
+	// The cluster's CA certificate (PEM), as in the kubeconfig.
+	CertificateAuthority string `protobuf:"bytes,3,opt,name=certificate_authority,json=certificateAuthority,proto3" json:"certificate_authority,omitempty"`
+	// The name of the kubeconfig's context (and of its cluster and user).
+	Context       string `protobuf:"bytes,4,opt,name=context,proto3" json:"context,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Kubeconfig) Reset() {
+	*x = Kubeconfig{}
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Kubeconfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Kubeconfig) ProtoMessage() {}
+
+func (x *Kubeconfig) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Kubeconfig.ProtoReflect.Descriptor instead.
+func (*Kubeconfig) Descriptor() ([]byte, []int) {
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Kubeconfig) GetKubeconfig() string {
+	if x != nil {
+		return x.Kubeconfig
+	}
+	return ""
+}
+
+func (x *Kubeconfig) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *Kubeconfig) GetCertificateAuthority() string {
+	if x != nil {
+		return x.CertificateAuthority
+	}
+	return ""
+}
+
+func (x *Kubeconfig) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
 var File_clusterlifecycle_v1_clusterlifecycle_proto protoreflect.FileDescriptor
 
 const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
@@ -1827,7 +1949,18 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tB\x03\xe0A\x01R\tpageToken\"~\n" +
 	"\x19ListClusterEventsResponse\x129\n" +
 	"\x06events\x18\x01 \x03(\v2!.clusterlifecycle.v1.ClusterEventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\x8d\x0e\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"Y\n" +
+	"\x14GetKubeconfigRequest\x12A\n" +
+	"\x04name\x18\x01 \x01(\tB-\xe0A\x02\xfaA'\n" +
+	"%clusterlifecycle.clusterd.dev/ClusterR\x04name\"\xa7\x01\n" +
+	"\n" +
+	"Kubeconfig\x12#\n" +
+	"\n" +
+	"kubeconfig\x18\x01 \x01(\tB\x03\xe0A\x03R\n" +
+	"kubeconfig\x12\x1b\n" +
+	"\x06server\x18\x02 \x01(\tB\x03\xe0A\x03R\x06server\x128\n" +
+	"\x15certificate_authority\x18\x03 \x01(\tB\x03\xe0A\x03R\x14certificateAuthority\x12\x1d\n" +
+	"\acontext\x18\x04 \x01(\tB\x03\xe0A\x03R\acontext2\x9c\x0f\n" +
 	"\x10ClusterLifecycle\x12\xa1\x01\n" +
 	"\rCreateCluster\x12).clusterlifecycle.v1.CreateClusterRequest\x1a\x1d.google.longrunning.Operation\"F\xcaA\x1c\n" +
 	"\aCluster\x12\x11OperationMetadata\xdaA\acluster\x82\xd3\xe4\x93\x02\x17:\acluster\"\f/v1/clusters\x12x\n" +
@@ -1849,7 +1982,8 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"name,nodes\x82\xd3\xe4\x93\x02&:\x01*\"!/v1/{name=clusters/*}:removeNodes\x12\xac\x01\n" +
 	"\rDeleteCluster\x12).clusterlifecycle.v1.DeleteClusterRequest\x1a\x1d.google.longrunning.Operation\"Q\xcaA*\n" +
 	"\x15google.protobuf.Empty\x12\x11OperationMetadata\xdaA\x04name\x82\xd3\xe4\x93\x02\x17*\x15/v1/{name=clusters/*}\x12\xa3\x01\n" +
-	"\x11ListClusterEvents\x12-.clusterlifecycle.v1.ListClusterEventsRequest\x1a..clusterlifecycle.v1.ListClusterEventsResponse\"/\xdaA\x06parent\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{parent=clusters/*}/eventsB\xd7\x1d\x92A\xcf\x1c\x12\x8a\x04\n" +
+	"\x11ListClusterEvents\x12-.clusterlifecycle.v1.ListClusterEventsRequest\x1a..clusterlifecycle.v1.ListClusterEventsResponse\"/\xdaA\x06parent\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{parent=clusters/*}/events\x12\x8c\x01\n" +
+	"\rGetKubeconfig\x12).clusterlifecycle.v1.GetKubeconfigRequest\x1a\x1f.clusterlifecycle.v1.Kubeconfig\"/\xdaA\x04name\x82\xd3\xe4\x93\x02\"\x12 /v1/{name=clusters/*}:kubeconfigB\xd7\x1d\x92A\xcf\x1c\x12\x8a\x04\n" +
 	"\fclusterd API\x12\xf5\x03clusterd runs the lifecycle of Kubernetes clusters. Mutations return a google.longrunning.Operation at once: follow it with GET /v1/operations/{id} or POST /v1/operations/{id}:wait until `done`; its `metadata` is an OperationMetadata (step and progress) and its `response` the Cluster. Errors are google.rpc.Status values whose `details` carry a google.rpc.ErrorInfo (domain clusterd.dev, stable `reason` such as OPERATION_IN_PROGRESS) and, for invalid input, a google.rpc.BadRequest naming the field.2\x02v1*\x02\x01\x022\x10application/json:\x10application/jsonR\xad\x05\n" +
 	"\x03400\x12\xa5\x05\n" +
 	"\xd7\x01The request is invalid: a field's value (INVALID_ARGUMENT, with a google.rpc.BadRequest naming each field), or the cluster is not in a state the operation starts from (FAILED_PRECONDITION, INVALID_STATE_TRANSITION).\x12\x16\n" +
@@ -1903,7 +2037,7 @@ func file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP() []byte {
 }
 
 var file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_clusterlifecycle_v1_clusterlifecycle_proto_goTypes = []any{
 	(Cluster_State)(0),                // 0: clusterlifecycle.v1.Cluster.State
 	(Node_Role)(0),                    // 1: clusterlifecycle.v1.Node.Role
@@ -1926,23 +2060,25 @@ var file_clusterlifecycle_v1_clusterlifecycle_proto_goTypes = []any{
 	(*ClusterEvent)(nil),              // 18: clusterlifecycle.v1.ClusterEvent
 	(*ListClusterEventsRequest)(nil),  // 19: clusterlifecycle.v1.ListClusterEventsRequest
 	(*ListClusterEventsResponse)(nil), // 20: clusterlifecycle.v1.ListClusterEventsResponse
-	(*timestamppb.Timestamp)(nil),     // 21: google.protobuf.Timestamp
-	(*longrunningpb.Operation)(nil),   // 22: google.longrunning.Operation
+	(*GetKubeconfigRequest)(nil),      // 21: clusterlifecycle.v1.GetKubeconfigRequest
+	(*Kubeconfig)(nil),                // 22: clusterlifecycle.v1.Kubeconfig
+	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
+	(*longrunningpb.Operation)(nil),   // 24: google.longrunning.Operation
 }
 var file_clusterlifecycle_v1_clusterlifecycle_proto_depIdxs = []int32{
 	0,  // 0: clusterlifecycle.v1.Cluster.state:type_name -> clusterlifecycle.v1.Cluster.State
 	4,  // 1: clusterlifecycle.v1.Cluster.autoscaling:type_name -> clusterlifecycle.v1.Autoscaling
 	5,  // 2: clusterlifecycle.v1.Cluster.nodes:type_name -> clusterlifecycle.v1.Node
-	21, // 3: clusterlifecycle.v1.Cluster.create_time:type_name -> google.protobuf.Timestamp
-	21, // 4: clusterlifecycle.v1.Cluster.update_time:type_name -> google.protobuf.Timestamp
+	23, // 3: clusterlifecycle.v1.Cluster.create_time:type_name -> google.protobuf.Timestamp
+	23, // 4: clusterlifecycle.v1.Cluster.update_time:type_name -> google.protobuf.Timestamp
 	1,  // 5: clusterlifecycle.v1.Node.role:type_name -> clusterlifecycle.v1.Node.Role
 	2,  // 6: clusterlifecycle.v1.Node.power:type_name -> clusterlifecycle.v1.Node.Power
-	21, // 7: clusterlifecycle.v1.OperationMetadata.create_time:type_name -> google.protobuf.Timestamp
-	21, // 8: clusterlifecycle.v1.OperationMetadata.end_time:type_name -> google.protobuf.Timestamp
+	23, // 7: clusterlifecycle.v1.OperationMetadata.create_time:type_name -> google.protobuf.Timestamp
+	23, // 8: clusterlifecycle.v1.OperationMetadata.end_time:type_name -> google.protobuf.Timestamp
 	3,  // 9: clusterlifecycle.v1.CreateClusterRequest.cluster:type_name -> clusterlifecycle.v1.Cluster
 	3,  // 10: clusterlifecycle.v1.ListClustersResponse.clusters:type_name -> clusterlifecycle.v1.Cluster
 	4,  // 11: clusterlifecycle.v1.ScaleClusterRequest.autoscaling:type_name -> clusterlifecycle.v1.Autoscaling
-	21, // 12: clusterlifecycle.v1.ClusterEvent.time:type_name -> google.protobuf.Timestamp
+	23, // 12: clusterlifecycle.v1.ClusterEvent.time:type_name -> google.protobuf.Timestamp
 	0,  // 13: clusterlifecycle.v1.ClusterEvent.from_state:type_name -> clusterlifecycle.v1.Cluster.State
 	0,  // 14: clusterlifecycle.v1.ClusterEvent.to_state:type_name -> clusterlifecycle.v1.Cluster.State
 	18, // 15: clusterlifecycle.v1.ListClusterEventsResponse.events:type_name -> clusterlifecycle.v1.ClusterEvent
@@ -1957,19 +2093,21 @@ var file_clusterlifecycle_v1_clusterlifecycle_proto_depIdxs = []int32{
 	16, // 24: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:input_type -> clusterlifecycle.v1.RemoveNodesRequest
 	17, // 25: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:input_type -> clusterlifecycle.v1.DeleteClusterRequest
 	19, // 26: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:input_type -> clusterlifecycle.v1.ListClusterEventsRequest
-	22, // 27: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:output_type -> google.longrunning.Operation
-	3,  // 28: clusterlifecycle.v1.ClusterLifecycle.GetCluster:output_type -> clusterlifecycle.v1.Cluster
-	10, // 29: clusterlifecycle.v1.ClusterLifecycle.ListClusters:output_type -> clusterlifecycle.v1.ListClustersResponse
-	22, // 30: clusterlifecycle.v1.ClusterLifecycle.StartCluster:output_type -> google.longrunning.Operation
-	22, // 31: clusterlifecycle.v1.ClusterLifecycle.StopCluster:output_type -> google.longrunning.Operation
-	22, // 32: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:output_type -> google.longrunning.Operation
-	22, // 33: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:output_type -> google.longrunning.Operation
-	22, // 34: clusterlifecycle.v1.ClusterLifecycle.AddNodes:output_type -> google.longrunning.Operation
-	22, // 35: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:output_type -> google.longrunning.Operation
-	22, // 36: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:output_type -> google.longrunning.Operation
-	20, // 37: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:output_type -> clusterlifecycle.v1.ListClusterEventsResponse
-	27, // [27:38] is the sub-list for method output_type
-	16, // [16:27] is the sub-list for method input_type
+	21, // 27: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:input_type -> clusterlifecycle.v1.GetKubeconfigRequest
+	24, // 28: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:output_type -> google.longrunning.Operation
+	3,  // 29: clusterlifecycle.v1.ClusterLifecycle.GetCluster:output_type -> clusterlifecycle.v1.Cluster
+	10, // 30: clusterlifecycle.v1.ClusterLifecycle.ListClusters:output_type -> clusterlifecycle.v1.ListClustersResponse
+	24, // 31: clusterlifecycle.v1.ClusterLifecycle.StartCluster:output_type -> google.longrunning.Operation
+	24, // 32: clusterlifecycle.v1.ClusterLifecycle.StopCluster:output_type -> google.longrunning.Operation
+	24, // 33: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:output_type -> google.longrunning.Operation
+	24, // 34: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:output_type -> google.longrunning.Operation
+	24, // 35: clusterlifecycle.v1.ClusterLifecycle.AddNodes:output_type -> google.longrunning.Operation
+	24, // 36: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:output_type -> google.longrunning.Operation
+	24, // 37: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:output_type -> google.longrunning.Operation
+	20, // 38: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:output_type -> clusterlifecycle.v1.ListClusterEventsResponse
+	22, // 39: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:output_type -> clusterlifecycle.v1.Kubeconfig
+	28, // [28:40] is the sub-list for method output_type
+	16, // [16:28] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -1987,7 +2125,7 @@ func file_clusterlifecycle_v1_clusterlifecycle_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc), len(file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

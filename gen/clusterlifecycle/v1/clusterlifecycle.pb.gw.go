@@ -526,6 +526,45 @@ func local_request_ClusterLifecycle_ListClusterEvents_0(ctx context.Context, mar
 	return msg, metadata, err
 }
 
+func request_ClusterLifecycle_GetKubeconfig_0(ctx context.Context, marshaler runtime.Marshaler, client ClusterLifecycleClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq GetKubeconfigRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.GetKubeconfig(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_ClusterLifecycle_GetKubeconfig_0(ctx context.Context, marshaler runtime.Marshaler, server ClusterLifecycleServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq GetKubeconfigRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	msg, err := server.GetKubeconfig(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterClusterLifecycleHandlerServer registers the http handlers for service ClusterLifecycle to "mux".
 // UnaryRPC     :call ClusterLifecycleServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -751,6 +790,26 @@ func RegisterClusterLifecycleHandlerServer(ctx context.Context, mux *runtime.Ser
 			return
 		}
 		forward_ClusterLifecycle_ListClusterEvents_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodGet, pattern_ClusterLifecycle_GetKubeconfig_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/clusterlifecycle.v1.ClusterLifecycle/GetKubeconfig", runtime.WithHTTPPathPattern("/v1/{name=clusters/*}:kubeconfig"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_ClusterLifecycle_GetKubeconfig_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_ClusterLifecycle_GetKubeconfig_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -979,6 +1038,23 @@ func RegisterClusterLifecycleHandlerClient(ctx context.Context, mux *runtime.Ser
 		}
 		forward_ClusterLifecycle_ListClusterEvents_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodGet, pattern_ClusterLifecycle_GetKubeconfig_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/clusterlifecycle.v1.ClusterLifecycle/GetKubeconfig", runtime.WithHTTPPathPattern("/v1/{name=clusters/*}:kubeconfig"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_ClusterLifecycle_GetKubeconfig_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_ClusterLifecycle_GetKubeconfig_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
@@ -994,6 +1070,7 @@ var (
 	pattern_ClusterLifecycle_RemoveNodes_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2}, []string{"v1", "clusters", "name"}, "removeNodes"))
 	pattern_ClusterLifecycle_DeleteCluster_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2}, []string{"v1", "clusters", "name"}, ""))
 	pattern_ClusterLifecycle_ListClusterEvents_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2, 2, 3}, []string{"v1", "clusters", "parent", "events"}, ""))
+	pattern_ClusterLifecycle_GetKubeconfig_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2}, []string{"v1", "clusters", "name"}, "kubeconfig"))
 )
 
 var (
@@ -1008,4 +1085,5 @@ var (
 	forward_ClusterLifecycle_RemoveNodes_0       = runtime.ForwardResponseMessage
 	forward_ClusterLifecycle_DeleteCluster_0     = runtime.ForwardResponseMessage
 	forward_ClusterLifecycle_ListClusterEvents_0 = runtime.ForwardResponseMessage
+	forward_ClusterLifecycle_GetKubeconfig_0     = runtime.ForwardResponseMessage
 )

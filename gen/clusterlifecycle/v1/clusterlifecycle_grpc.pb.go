@@ -31,6 +31,7 @@ const (
 	ClusterLifecycle_RemoveNodes_FullMethodName       = "/clusterlifecycle.v1.ClusterLifecycle/RemoveNodes"
 	ClusterLifecycle_DeleteCluster_FullMethodName     = "/clusterlifecycle.v1.ClusterLifecycle/DeleteCluster"
 	ClusterLifecycle_ListClusterEvents_FullMethodName = "/clusterlifecycle.v1.ClusterLifecycle/ListClusterEvents"
+	ClusterLifecycle_GetKubeconfig_FullMethodName     = "/clusterlifecycle.v1.ClusterLifecycle/GetKubeconfig"
 )
 
 // ClusterLifecycleClient is the client API for ClusterLifecycle service.
@@ -45,7 +46,8 @@ const (
 // Errors are google.rpc.Status values that always carry a google.rpc.ErrorInfo
 // (domain clusterd.dev) with a stable reason: OPERATION_IN_PROGRESS and
 // CONCURRENT_MODIFICATION (ABORTED, retry later), ETAG_MISMATCH (ABORTED),
-// INVALID_STATE_TRANSITION (FAILED_PRECONDITION), INVALID_ARGUMENT (with a
+// INVALID_STATE_TRANSITION and KUBECONFIG_UNAVAILABLE (FAILED_PRECONDITION),
+// INVALID_ARGUMENT (with a
 // google.rpc.BadRequest), NOT_FOUND, ALREADY_EXISTS, CREDENTIALS_MISSING,
 // CREDENTIALS_INVALID and CREDENTIALS_REVOKED (UNAUTHENTICATED; the last ends
 // a call in progress whose token a reload of the token file removed),
@@ -92,6 +94,15 @@ type ClusterLifecycleClient interface {
 	DeleteCluster(ctx context.Context, in *DeleteClusterRequest, opts ...grpc.CallOption) (*longrunningpb.Operation, error)
 	// Lists a cluster's state transitions and repairs, oldest first.
 	ListClusterEvents(ctx context.Context, in *ListClusterEventsRequest, opts ...grpc.CallOption) (*ListClusterEventsResponse, error)
+	// Returns a kubeconfig for the cluster's API server, with the admin
+	// client certificate clusterd made at create (CN kubernetes-admin, O
+	// system:masters), in the format kubectl and client-go read. Only the
+	// cluster's account and admins may read it (others get NOT_FOUND); every
+	// read is recorded in the cluster's events (KUBECONFIG_READ, naming the
+	// caller). A cluster without an endpoint yet, or DESTROYED, or made
+	// before clusterd kept credentials, answers FAILED_PRECONDITION
+	// (KUBECONFIG_UNAVAILABLE).
+	GetKubeconfig(ctx context.Context, in *GetKubeconfigRequest, opts ...grpc.CallOption) (*Kubeconfig, error)
 }
 
 type clusterLifecycleClient struct {
@@ -212,6 +223,16 @@ func (c *clusterLifecycleClient) ListClusterEvents(ctx context.Context, in *List
 	return out, nil
 }
 
+func (c *clusterLifecycleClient) GetKubeconfig(ctx context.Context, in *GetKubeconfigRequest, opts ...grpc.CallOption) (*Kubeconfig, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Kubeconfig)
+	err := c.cc.Invoke(ctx, ClusterLifecycle_GetKubeconfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterLifecycleServer is the server API for ClusterLifecycle service.
 // All implementations must embed UnimplementedClusterLifecycleServer
 // for forward compatibility.
@@ -224,7 +245,8 @@ func (c *clusterLifecycleClient) ListClusterEvents(ctx context.Context, in *List
 // Errors are google.rpc.Status values that always carry a google.rpc.ErrorInfo
 // (domain clusterd.dev) with a stable reason: OPERATION_IN_PROGRESS and
 // CONCURRENT_MODIFICATION (ABORTED, retry later), ETAG_MISMATCH (ABORTED),
-// INVALID_STATE_TRANSITION (FAILED_PRECONDITION), INVALID_ARGUMENT (with a
+// INVALID_STATE_TRANSITION and KUBECONFIG_UNAVAILABLE (FAILED_PRECONDITION),
+// INVALID_ARGUMENT (with a
 // google.rpc.BadRequest), NOT_FOUND, ALREADY_EXISTS, CREDENTIALS_MISSING,
 // CREDENTIALS_INVALID and CREDENTIALS_REVOKED (UNAUTHENTICATED; the last ends
 // a call in progress whose token a reload of the token file removed),
@@ -271,6 +293,15 @@ type ClusterLifecycleServer interface {
 	DeleteCluster(context.Context, *DeleteClusterRequest) (*longrunningpb.Operation, error)
 	// Lists a cluster's state transitions and repairs, oldest first.
 	ListClusterEvents(context.Context, *ListClusterEventsRequest) (*ListClusterEventsResponse, error)
+	// Returns a kubeconfig for the cluster's API server, with the admin
+	// client certificate clusterd made at create (CN kubernetes-admin, O
+	// system:masters), in the format kubectl and client-go read. Only the
+	// cluster's account and admins may read it (others get NOT_FOUND); every
+	// read is recorded in the cluster's events (KUBECONFIG_READ, naming the
+	// caller). A cluster without an endpoint yet, or DESTROYED, or made
+	// before clusterd kept credentials, answers FAILED_PRECONDITION
+	// (KUBECONFIG_UNAVAILABLE).
+	GetKubeconfig(context.Context, *GetKubeconfigRequest) (*Kubeconfig, error)
 	mustEmbedUnimplementedClusterLifecycleServer()
 }
 
@@ -313,6 +344,9 @@ func (UnimplementedClusterLifecycleServer) DeleteCluster(context.Context, *Delet
 }
 func (UnimplementedClusterLifecycleServer) ListClusterEvents(context.Context, *ListClusterEventsRequest) (*ListClusterEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListClusterEvents not implemented")
+}
+func (UnimplementedClusterLifecycleServer) GetKubeconfig(context.Context, *GetKubeconfigRequest) (*Kubeconfig, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetKubeconfig not implemented")
 }
 func (UnimplementedClusterLifecycleServer) mustEmbedUnimplementedClusterLifecycleServer() {}
 func (UnimplementedClusterLifecycleServer) testEmbeddedByValue()                          {}
@@ -533,6 +567,24 @@ func _ClusterLifecycle_ListClusterEvents_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ClusterLifecycle_GetKubeconfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetKubeconfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterLifecycleServer).GetKubeconfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterLifecycle_GetKubeconfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterLifecycleServer).GetKubeconfig(ctx, req.(*GetKubeconfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ClusterLifecycle_ServiceDesc is the grpc.ServiceDesc for ClusterLifecycle service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -583,6 +635,10 @@ var ClusterLifecycle_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListClusterEvents",
 			Handler:    _ClusterLifecycle_ListClusterEvents_Handler,
+		},
+		{
+			MethodName: "GetKubeconfig",
+			Handler:    _ClusterLifecycle_GetKubeconfig_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
