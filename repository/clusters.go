@@ -24,6 +24,9 @@ type NewCluster struct {
 	DisplayName string
 	Description string
 	Spec        Spec
+	// Quota, when set, refuses the create if it would take the account
+	// past its limits (see the package doc, "Quotas").
+	Quota *QuotaCheck
 }
 
 // NewJob is what a claim needs to insert the job that holds the cluster.
@@ -46,6 +49,10 @@ type NewJob struct {
 type Changes struct {
 	Spec     *Spec
 	Endpoint *string
+	// Hold is what the cluster is about to hold while the operation runs
+	// (a claim that grows it writes it). Every write that releases the
+	// cluster clears it.
+	Hold *Hold
 }
 
 // Transition is one compare-and-set write of a cluster (SPEC §3.1): it applies
@@ -82,6 +89,10 @@ type Transition struct {
 	// cluster's history.
 	Server  string
 	Message string
+	// Quota, when set, refuses the write if it would take the cluster's
+	// account past its limits (see the package doc, "Quotas"). Claims that
+	// may grow a cluster set it.
+	Quota *QuotaCheck
 }
 
 // Move is the transition that carries out decision d on cluster c as read:
@@ -163,6 +174,11 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		Server: nj.ServerID, Message: "cluster created",
 	}
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		if nc.Quota != nil {
+			if err := s.bumpClaims(tx, nc.Account); err != nil {
+				return err
+			}
+		}
 		if err := tx.Create(&row).Error; err != nil {
 			return fmt.Errorf("insert cluster: %w", classify(err))
 		}
@@ -171,6 +187,14 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		}
 		if err := tx.Create(&ev).Error; err != nil {
 			return fmt.Errorf("insert event: %w", classify(err))
+		}
+		if nc.Quota != nil {
+			delta, err := heldRow{ControlNodeCount: nc.Spec.ControlNodeCount, WorkerNodeCount: nc.Spec.WorkerNodeCount,
+				ServiceOffering: nc.Spec.ServiceOffering}.usage(ctx, nc.Quota.Size)
+			if err != nil {
+				return fmt.Errorf("usage of the new cluster: %w", err)
+			}
+			return s.checkQuota(ctx, tx, nc.Account, delta, *nc.Quota)
 		}
 		return nil
 	})
@@ -313,9 +337,30 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		job jobRow
 	)
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		var (
+			before heldRow
+			delta  Usage
+		)
+		if t.Quota != nil {
+			var err error
+			if before, err = heldBefore(tx, t.ClusterID); err != nil {
+				return err
+			}
+			if err := s.bumpClaims(tx, before.Account); err != nil {
+				return err
+			}
+			if delta, err = claimDelta(ctx, before, t, t.Quota.Size); err != nil {
+				return fmt.Errorf("usage of the claim: %w", err)
+			}
+		}
 		c, err := s.casCluster(tx, t)
 		if err != nil {
 			return err
+		}
+		if t.Quota != nil {
+			if err := s.checkQuota(ctx, tx, before.Account, delta, *t.Quota); err != nil {
+				return err
+			}
 		}
 		out = c
 		job = newJobRow(nj, t.ClusterID, c.Account, c.UpdateTime)
@@ -385,6 +430,15 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 	if t.Changes.Endpoint != nil {
 		set += ", endpoint = ?"
 		args = append(args, *t.Changes.Endpoint)
+	}
+	switch h := t.Changes.Hold; {
+	case t.Operation == "":
+		// Released: what an operation was about to hold is either the
+		// spec it wrote now, or not held any more.
+		set += ", hold_worker_node_count = 0, hold_service_offering = ''"
+	case h != nil:
+		set += ", hold_worker_node_count = ?, hold_service_offering = ?"
+		args = append(args, h.WorkerNodeCount, h.ServiceOffering)
 	}
 	if to == lifecycle.Destroyed {
 		// Soft delete: keep the row, free the display name for reuse.
