@@ -94,6 +94,9 @@ func (s *Server) gateway(ctx context.Context) error {
 	if err := clv1.RegisterClusterLifecycleHandler(ctx, mux, conn); err != nil {
 		return fmt.Errorf("gateway ClusterLifecycle: %w", err)
 	}
+	if err := clv1.RegisterQuotasHandler(ctx, mux, conn); err != nil {
+		return fmt.Errorf("gateway Quotas: %w", err)
+	}
 	if err := opsgw.RegisterOperationsHandler(ctx, mux, conn); err != nil {
 		return fmt.Errorf("gateway Operations: %w", err)
 	}

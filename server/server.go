@@ -63,6 +63,9 @@ type Config struct {
 	SimStepDelay time.Duration
 	// Catalog bounds what clusters may be made of (default service.DefaultCatalog()).
 	Catalog *service.Catalog
+	// DefaultQuota limits every account an admin set no quota for (zero:
+	// unlimited).
+	DefaultQuota repository.Limits
 	// Deadlines bound each kind of operation (default 1h).
 	Deadlines service.Deadlines
 	// HeartbeatInterval, PeerTimeout, ScanInterval, ReconcileInterval and
@@ -137,6 +140,7 @@ type Server struct {
 	infra    infra.Infrastructure
 	libvirt  *libvirt.Driver
 	clusters *service.Clusters
+	quotas   *service.Quotas
 	ops      *service.Operations
 	scanner  *scanner.Scanner
 	health   *health.Server
@@ -246,8 +250,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.infra, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
-		Lease: s.lease, HandOff: resume,
+		Lease: s.lease, HandOff: resume, DefaultQuota: cfg.DefaultQuota,
 	})
+	s.quotas = service.NewQuotas(s.store, s.clusters)
 	var adopter scanner.Adopter
 	if resume {
 		adopter = s.clusters
@@ -269,6 +274,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		grpc.ForceServerCodecV2(s.codec),
 		grpc.MaxRecvMsgSize(maxGRPCMessage))...)
 	clv1.RegisterClusterLifecycleServer(s.grpc, s.clusters)
+	clv1.RegisterQuotasServer(s.grpc, s.quotas)
 	longrunningpb.RegisterOperationsServer(s.grpc, s.ops)
 	if s.libvirt == nil {
 		clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))
@@ -278,7 +284,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.setHealth(healthpb.HealthCheckResponse_SERVING) // the database answered and the lease is held
 	reflection.Register(s.grpc)
 	s.metrics.grpc.InitializeMetrics(s.grpc)
-	s.metrics.watch(s.store, s.scanner, s.log)
+	s.metrics.watch(s.store, s.scanner, s.quotas, s.log)
 
 	if err := s.gateway(ctx); err != nil {
 		_ = s.grpcLis.Close()
@@ -425,7 +431,7 @@ func (s *Server) watchHealth(ctx context.Context) {
 // setHealth sets the status of the whole server and of each service it
 // registers: clients ask for either.
 func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
-	for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName, clv1.Simulator_ServiceDesc.ServiceName} {
+	for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName, clv1.Simulator_ServiceDesc.ServiceName, clv1.Quotas_ServiceDesc.ServiceName} {
 		s.health.SetServingStatus(name, st)
 	}
 }

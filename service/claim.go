@@ -82,6 +82,10 @@ type request struct {
 	check func(ctx context.Context, c repository.Cluster) error
 	// work runs the operation's steps once the claim has committed.
 	work workFunc
+	// hold, when set, is what the operation grows the cluster as read to
+	// (nil if it does not grow it): the claim records it and is held to
+	// the account's quota (see the repository's package doc, "Quotas").
+	hold func(c repository.Cluster) *repository.Hold
 }
 
 // idempotency is what identifies one client request across retries
@@ -210,6 +214,12 @@ func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key 
 	}
 	t := repository.Move(c, d)
 	t.Message = fmt.Sprintf("%s requested", r.verb)
+	if r.hold != nil {
+		if h := r.hold(c); h != nil {
+			t.Changes.Hold = h
+			t.Quota = s.quotaCheck()
+		}
+	}
 	return s.claim(ctx, t, r.verb, key, r.params, r.work)
 }
 

@@ -48,6 +48,7 @@ func (s *Clusters) create(ctx context.Context, nc repository.NewCluster, key ide
 	if err := s.mayClaim(); err != nil {
 		return nil, err
 	}
+	nc.Quota = s.quotaCheck()
 	params, _ := json.Marshal(nc.Spec)
 	nj := s.newJob(VerbCreate, key, string(params))
 	release, err := s.runner.Reserve(nj.ID)

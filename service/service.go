@@ -52,6 +52,9 @@ type ClustersConfig struct {
 	Infra  infra.Infrastructure
 	// Catalog bounds what clusters may be made of (default DefaultCatalog()).
 	Catalog *Catalog
+	// DefaultQuota limits the accounts an admin set no quota for (the
+	// zero Limits: unlimited).
+	DefaultQuota repository.Limits
 	// ServerID and Incarnation are recorded on every job this server runs.
 	ServerID    string
 	Incarnation string
@@ -77,17 +80,19 @@ type Lease interface {
 // Clusters implements clusterlifecycle.v1.ClusterLifecycle.
 type Clusters struct {
 	clv1.UnimplementedClusterLifecycleServer
-	store       Store
-	runner      JobStarter
-	infra       infra.Infrastructure
-	catalog     Catalog
-	serverID    string
-	incarnation string
-	deadlines   Deadlines
-	now         func() time.Time
-	log         *slog.Logger
-	lease       Lease
-	handOff     bool
+	store   Store
+	runner  JobStarter
+	infra   infra.Infrastructure
+	catalog Catalog
+	// defaultQuota is the limits of accounts without their own.
+	defaultQuota repository.Limits
+	serverID     string
+	incarnation  string
+	deadlines    Deadlines
+	now          func() time.Time
+	log          *slog.Logger
+	lease        Lease
+	handOff      bool
 	// draining is set by Drain: the server is stopping and claims nothing.
 	draining atomic.Bool
 	// repairs counts the leftovers recovery has converged (SPEC §5.3).
@@ -109,7 +114,7 @@ func NewClusters(cfg ClustersConfig) *Clusters {
 	s := &Clusters{
 		store: cfg.Store, runner: cfg.Runner, infra: cfg.Infra, serverID: cfg.ServerID,
 		incarnation: cfg.Incarnation, deadlines: cfg.Deadlines, now: cfg.Clock, log: cfg.Logger, lease: cfg.Lease,
-		handOff: cfg.HandOff,
+		handOff: cfg.HandOff, defaultQuota: cfg.DefaultQuota,
 	}
 	if cfg.Catalog != nil {
 		s.catalog = *cfg.Catalog
