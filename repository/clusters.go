@@ -343,7 +343,7 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		)
 		if t.Quota != nil {
 			var err error
-			if before, err = heldBefore(tx, t.ClusterID); err != nil {
+			if before, err = heldBefore(tx, t); err != nil {
 				return err
 			}
 			if err := s.bumpClaims(tx, before.Account); err != nil {

@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sort"
@@ -9,7 +10,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
 // ErrQuotaExceeded: a claim would take an account past one of its limits.
@@ -262,27 +262,47 @@ func (s *Store) bumpClaims(tx *gorm.DB, account string) error {
 }
 
 // checkQuota runs inside a claim's transaction, after bumpClaims and the
-// claim's own write: it reads the account's limits and its live clusters
-// as written (a locking read on MySQL, so it sees the latest committed rows
-// and holds them to the commit) and refuses the claim if it grows a
-// resource past its limit. delta is what the claim adds to the account.
-// A resource the claim does not grow is never refused, even above its limit
-// (an admin may have lowered it).
+// claim's own write: in one statement it reads the account's limits and its
+// live clusters as written (a locking read on MySQL, so it sees the latest
+// committed rows and holds them to the commit), and refuses the claim if it
+// grows a resource past its limit. delta is what the claim adds to the
+// account. A resource the claim does not grow is never refused, even above
+// its limit (an admin may have lowered it).
 func (s *Store) checkQuota(ctx context.Context, tx *gorm.DB, account string, delta Usage, check QuotaCheck) error {
-	var row quotaRow
-	if err := tx.Where("account = ?", account).Take(&row).Error; err != nil {
+	q := "SELECT q.explicit, q.max_clusters, q.max_nodes, q.max_cpus, q.max_memory_mb," +
+		" c.control_node_count, c.worker_node_count, c.service_offering, c.hold_worker_node_count, c.hold_service_offering" +
+		" FROM quotas q LEFT JOIN clusters c ON c.account = q.account AND c.alive = 1 WHERE q.account = ?"
+	if s.backend == MySQL {
+		q += " FOR UPDATE"
+	}
+	rows, err := tx.Raw(q, account).Rows()
+	if err != nil {
+		return fmt.Errorf("read quota of account %q: %w", account, classify(err))
+	}
+	defer rows.Close()
+	var (
+		row  quotaRow
+		held []heldRow
+	)
+	for rows.Next() {
+		var (
+			control, workers, holdWorkers sql.NullInt32
+			offering, holdOffering        sql.NullString
+		)
+		if err := rows.Scan(&row.Explicit, &row.MaxClusters, &row.MaxNodes, &row.MaxCPUs, &row.MaxMemoryMB,
+			&control, &workers, &offering, &holdWorkers, &holdOffering); err != nil {
+			return fmt.Errorf("read quota of account %q: %w", account, classify(err))
+		}
+		if offering.Valid {
+			held = append(held, heldRow{Account: account, ControlNodeCount: control.Int32, WorkerNodeCount: workers.Int32,
+				ServiceOffering: offering.String, HoldWorkerNodeCount: holdWorkers.Int32, HoldServiceOffering: holdOffering.String})
+		}
+	}
+	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read quota of account %q: %w", account, classify(err))
 	}
 	limits := row.limits(check.Default)
-	var rows []heldRow
-	q := tx.Table("clusters").Select(heldCols).Where("account = ? AND alive = 1", account)
-	if s.backend == MySQL {
-		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
-	}
-	if err := q.Scan(&rows).Error; err != nil {
-		return fmt.Errorf("read clusters of account %q: %w", account, classify(err))
-	}
-	usage, err := sumUsage(ctx, rows, check.Size)
+	usage, err := sumUsage(ctx, held, check.Size)
 	if err != nil {
 		return fmt.Errorf("usage of account %q: %w", account, err)
 	}
@@ -300,8 +320,15 @@ func (s *Store) checkQuota(ctx context.Context, tx *gorm.DB, account string, del
 	return nil
 }
 
-// heldBefore reads what a cluster holds before a claim writes it.
-func heldBefore(tx *gorm.DB, clusterID string) (heldRow, error) {
+// heldBefore is what a cluster holds before a claim writes it: the cluster
+// as the claim read it when it was unheld (a released cluster holds no
+// more than its spec), read from the row otherwise.
+func heldBefore(tx *gorm.DB, t Transition) (heldRow, error) {
+	if c := t.Read; c != nil && c.CurrentOperation == "" {
+		return heldRow{Account: c.Account, ControlNodeCount: c.Spec.ControlNodeCount, WorkerNodeCount: c.Spec.WorkerNodeCount,
+			ServiceOffering: c.Spec.ServiceOffering}, nil
+	}
+	clusterID := t.ClusterID
 	var r heldRow
 	err := tx.Table("clusters").Select(heldCols).Where("id = ?", clusterID).Take(&r).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {

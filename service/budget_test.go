@@ -204,7 +204,11 @@ func clusterOf(t *testing.T, op *longrunningpb.Operation) string {
 // Execute, Close), and its simulator 22; CreateCluster 4 + 46; a scale or a
 // start 6 + 19; a refused request 3. A job's end passes the repository's
 // guard before it releases the cluster: two locking reads (the cluster's
-// row, then the job's) in its transaction, in every job's budget.
+// row, then the job's) in its transaction, in every job's budget. A claim
+// that may grow its account (create, scale up, add nodes) is held to the
+// account's quota in its transaction (issue 19): two statements more, the
+// write to the account's quota row that serialises its claims and one read
+// of the account's limits and live clusters.
 type budget struct {
 	rpc, job, infra int // statements
 	tx              int // transactions, every party
@@ -223,7 +227,7 @@ func TestStatementBudget(t *testing.T) {
 				want budget
 				run  func(t *testing.T, ctx context.Context)
 			}{
-				{"CreateCluster 1+2", budget{rpc: 3, job: 24, infra: 96, tx: 19}, func(t *testing.T, ctx context.Context) {
+				{"CreateCluster 1+2", budget{rpc: 5, job: 24, infra: 96, tx: 19}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.CreateCluster(ctx, &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
 						DisplayName: "budget", KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 2, ServiceOffering: "medium",
 					}, RequestId: uuid.NewString()})
@@ -257,7 +261,7 @@ func TestStatementBudget(t *testing.T) {
 					}
 					e.wait(t, op)
 				}},
-				{"ScaleCluster 2->3 workers", budget{rpc: 4, job: 10, infra: 33, tx: 7}, func(t *testing.T, ctx context.Context) {
+				{"ScaleCluster 2->3 workers", budget{rpc: 6, job: 10, infra: 33, tx: 7}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: new(int32(3)), RequestId: uuid.NewString()})
 					if err != nil {
 						t.Fatal(err)

@@ -106,8 +106,9 @@ func parseQuotaName(field, name string) (string, error) {
 	return account, nil
 }
 
-// GetQuota returns an account's limits and usage; another account's quota
-// is NOT_FOUND to a user, as another account's cluster is.
+// GetQuota returns an account's limits and usage (accounts/-/quota: the
+// caller's own); another account's quota is NOT_FOUND to a user, as another
+// account's cluster is.
 func (q *Quotas) GetQuota(ctx context.Context, req *clv1.GetQuotaRequest) (*clv1.Quota, error) {
 	who, err := caller(ctx)
 	if err != nil {
@@ -116,6 +117,10 @@ func (q *Quotas) GetQuota(ctx context.Context, req *clv1.GetQuotaRequest) (*clv1
 	account, err := parseQuotaName("name", req.GetName())
 	if err != nil {
 		return nil, err
+	}
+	if account == "-" {
+		// AIP-159's wildcard: the caller's own account.
+		account = who.Account
 	}
 	if err := visible(who, account, req.GetName()); err != nil {
 		return nil, err

@@ -119,6 +119,10 @@ func (a *app) rootCommand() *cobra.Command {
 	ops := a.operationsCommand()
 	ops.GroupID = "operations"
 	root.AddCommand(ops)
+	root.AddGroup(&cobra.Group{ID: "quotas", Title: "Quotas:"})
+	quota := a.quotaCommand()
+	quota.GroupID = "quotas"
+	root.AddCommand(quota)
 	return root
 }
 
