@@ -254,7 +254,7 @@ func (x *QuotaUsage) GetMemoryMb() int64 {
 // Request of GetQuota.
 type GetQuotaRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// accounts/{account}/quota.
+	// accounts/{account}/quota; accounts/-/quota is the caller's own.
 	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
