@@ -43,64 +43,77 @@ func quotaFailure(t *testing.T, err error) *errdetails.QuotaFailure {
 // TestQuotaRaceOfCreatesOnTwoServers: 32 creates of one account race
 // through two servers on one database against a default limit of 5
 // clusters: exactly 5 are accepted, the others refused with a QuotaFailure
-// naming the limit.
+// naming the limit. On Galera the two servers write through two nodes.
 func TestQuotaRaceOfCreatesOnTwoServers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
 		dsn := b.NewDSN(t)
-		limits, err := service.ParseQuota("clusters=5")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var hs []*harness
-		for i := range 2 {
-			hs = append(hs, startOn(t, dsn, func(c *Config) {
-				c.ServerID = fmt.Sprintf("quota-%d", i+1)
-				c.DefaultQuota = limits
-			}))
-		}
-		const racers = 32
-		errs := make([]error, racers)
-		names := make([]string, racers)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range racers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				op, err := hs[i%2].clients.clusters.CreateCluster(tctx(t), &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
-					DisplayName: fmt.Sprintf("c%d", i), KubernetesVersion: "1.30.2", WorkerNodeCount: 1, ServiceOffering: "medium",
-				}})
-				errs[i] = err
-				names[i] = op.GetName()
-			}()
-		}
-		close(start)
-		wg.Wait()
-		accepted := 0
-		for i, err := range errs {
-			if err == nil {
-				accepted++
-				hs[i%2].wait(t, &longrunningpb.Operation{Name: names[i]})
-				continue
-			}
-			qf := quotaFailure(t, err)
-			if len(qf.GetViolations()) != 1 {
-				t.Fatalf("QuotaFailure %v; want one violation", qf)
-			}
-			v := qf.GetViolations()[0]
-			if v.GetSubject() != "accounts/default" || !strings.Contains(v.GetDescription(), "clusters limit 5: 5 in use, 1 requested") {
-				t.Errorf("violation = %v; want accounts/default, clusters limit 5: 5 in use, 1 requested", v)
-			}
-		}
-		if accepted != 5 {
-			t.Fatalf("%d creates accepted against a limit of 5", accepted)
-		}
-		q, err := clv1.NewQuotasClient(hs[1].conn).GetQuota(tctx(t), &clv1.GetQuotaRequest{Name: "accounts/default/quota"})
-		if err != nil || q.GetUsage().GetClusters() != 5 || q.GetUsage().GetNodes() != 10 || q.GetLimits().GetClusters() != 5 || q.GetExplicit() {
-			t.Fatalf("GetQuota = %v, %v; want 5 clusters, 10 nodes, default limit 5", q, err)
-		}
+		raceCreatesOnServers(t, []string{dsn, dsn})
 	})
+	t.Run("galera", func(t *testing.T) {
+		g, ok := repotest.Galera(t)
+		if !ok {
+			return
+		}
+		raceCreatesOnServers(t, g.NodeDSNs(t)[:2])
+	})
+}
+
+// raceCreatesOnServers starts a server on each DSN (one database) and races
+// 32 creates through them.
+func raceCreatesOnServers(t *testing.T, dsns []string) {
+	limits, err := service.ParseQuota("clusters=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hs []*harness
+	for i, dsn := range dsns {
+		hs = append(hs, startOn(t, dsn, func(c *Config) {
+			c.ServerID = fmt.Sprintf("quota-%d", i+1)
+			c.DefaultQuota = limits
+		}))
+	}
+	const racers = 32
+	errs := make([]error, racers)
+	names := make([]string, racers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			op, err := hs[i%2].clients.clusters.CreateCluster(tctx(t), &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
+				DisplayName: fmt.Sprintf("c%d", i), KubernetesVersion: "1.30.2", WorkerNodeCount: 1, ServiceOffering: "medium",
+			}})
+			errs[i] = err
+			names[i] = op.GetName()
+		}()
+	}
+	close(start)
+	wg.Wait()
+	accepted := 0
+	for i, err := range errs {
+		if err == nil {
+			accepted++
+			hs[i%2].wait(t, &longrunningpb.Operation{Name: names[i]})
+			continue
+		}
+		qf := quotaFailure(t, err)
+		if len(qf.GetViolations()) != 1 {
+			t.Fatalf("QuotaFailure %v; want one violation", qf)
+		}
+		v := qf.GetViolations()[0]
+		if v.GetSubject() != "accounts/default" || !strings.Contains(v.GetDescription(), "clusters limit 5: 5 in use, 1 requested") {
+			t.Errorf("violation = %v; want accounts/default, clusters limit 5: 5 in use, 1 requested", v)
+		}
+	}
+	if accepted != 5 {
+		t.Fatalf("%d creates accepted against a limit of 5", accepted)
+	}
+	q, err := clv1.NewQuotasClient(hs[1].conn).GetQuota(tctx(t), &clv1.GetQuotaRequest{Name: "accounts/default/quota"})
+	if err != nil || q.GetUsage().GetClusters() != 5 || q.GetUsage().GetNodes() != 10 || q.GetLimits().GetClusters() != 5 || q.GetExplicit() {
+		t.Fatalf("GetQuota = %v, %v; want 5 clusters, 10 nodes, default limit 5", q, err)
+	}
 }
 
 // TestQuotaAPI: who may read and set quotas, over gRPC and REST, and what
