@@ -197,6 +197,9 @@ func (a *app) report(ctx context.Context, err error) int {
 	for _, v := range client.FieldViolations(err) {
 		fmt.Fprintf(a.stderr, "  %s: %s\n", v.GetField(), v.GetDescription())
 	}
+	for _, v := range client.QuotaViolations(err) {
+		fmt.Fprintf(a.stderr, "  %s: %s\n", v.GetSubject(), v.GetDescription())
+	}
 	if code == codes.Unavailable && strings.Contains(messageOf(err), "connect") {
 		fmt.Fprintf(a.stderr, "  (is clusterd serving gRPC on %s? set --server or CLUSTERCTL_SERVER)\n", a.server)
 	}
