@@ -35,8 +35,10 @@
 // so it cannot drift from them. What a cluster counts for is what it holds
 // or is about to hold: its control and worker nodes, each of its offering's
 // size (one function, roleUsage, per role), and while an operation that
-// grows it runs, the larger of its current worker count and offering and
-// the ones the operation goes to. The claim writes those targets to the
+// grows it runs, the larger of its current worker count and the one the
+// operation goes to, and per node the larger of its current offering and
+// the one an offering change goes to (it resizes every node, control ones
+// too). The claim writes those targets to the
 // cluster's row (hold_worker_node_count, hold_service_offering, Changes.Hold:
 // scale up, add nodes, offering change), and every write that releases
 // the cluster clears them: a successful operation has written its new spec

@@ -184,9 +184,10 @@ type heldRow struct {
 // operation grows to counts over the current one (the larger of the two).
 func (r heldRow) usage(ctx context.Context, size SizeFunc) (Usage, error) {
 	u := Usage{Clusters: 1}
-	// Control nodes have the cluster's offering; a control offering of
-	// their own would be named here.
-	control, err := roleUsage(ctx, size, r.ControlNodeCount, r.ServiceOffering)
+	// Control nodes have the cluster's offering, and an offering change
+	// resizes them too; a control offering of their own would be named
+	// here.
+	control, err := roleUsage(ctx, size, r.ControlNodeCount, r.ServiceOffering, r.HoldServiceOffering)
 	if err != nil {
 		return Usage{}, err
 	}

@@ -159,12 +159,13 @@ func TestQuotaScaleUpHoldsTheLargerUntilReleased(t *testing.T) {
 		if got, _ := s.GetCluster(ctx, c.ID); got.Expect() != c.Expect() {
 			t.Fatalf("a refused claim wrote: %v, was %v", got.Expect(), c.Expect())
 		}
-		// 4 large workers: 1*2 + 4*4 = 18 CPUs, within 20, and 5 nodes.
+		// 4 workers, all nodes large (an offering change resizes the
+		// control node too): 5*4 = 20 CPUs, within 20, and 5 nodes.
 		held, j, err := claim(repository.Hold{WorkerNodeCount: 4, ServiceOffering: "large"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if u := usage(); u != (repository.Usage{Clusters: 1, Nodes: 5, CPUs: 18, MemoryMB: 2048 + 4*8192}) {
+		if u := usage(); u != (repository.Usage{Clusters: 1, Nodes: 5, CPUs: 20, MemoryMB: 5 * 8192}) {
 			t.Fatalf("usage while scaling to 4 large workers = %+v", u)
 		}
 		// Another cluster cannot take what the scale holds: 3 more nodes.

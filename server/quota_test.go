@@ -235,3 +235,44 @@ func mustScrapeAs(t *testing.T, h *harness, authorization string) string {
 	}
 	return body
 }
+
+// TestQuotaAddNodesAndOfferingChange: AddNodes and an offering change are
+// held to the quota too; a scale down is not, and frees what it held when
+// it ends.
+func TestQuotaAddNodesAndOfferingChange(t *testing.T) {
+	limits, err := service.ParseQuota("nodes=3,cpus=6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := start(t, repotest.Backends(t)[0], func(c *Config) { c.DefaultQuota = limits })
+	ctx := tctx(t)
+	c := h.create(t, "web", 2) // 1 control + 2 medium workers: 3 nodes, 6 vCPUs
+	ext := fxExternal(t, h)
+	_, err = h.clients.clusters.AddNodes(ctx, &clv1.AddNodesRequest{Name: c.GetName(), Machines: []string{ext.GetName()}})
+	if d := quotaFailure(t, err).GetViolations(); len(d) != 2 || d[0].GetDescription() != "nodes limit 3: 3 in use, 1 requested" ||
+		d[1].GetDescription() != "cpus limit 6: 6 in use, 2 requested" {
+		t.Errorf("AddNodes refused with %v", d)
+	}
+	_, err = h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), ServiceOffering: "large"})
+	if d := quotaFailure(t, err).GetViolations(); len(d) != 1 || d[0].GetDescription() != "cpus limit 6: 6 in use, 6 requested" {
+		t.Errorf("offering change refused with %v", d)
+	}
+	one := int32(1)
+	op, err := h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: &one})
+	if err != nil {
+		t.Fatalf("scale down above nothing: %v", err)
+	}
+	h.wait(t, op)
+	q, err := clv1.NewQuotasClient(h.conn).GetQuota(ctx, &clv1.GetQuotaRequest{Name: "accounts/-/quota"})
+	if err != nil || q.GetName() != "accounts/default/quota" || q.GetUsage().GetNodes() != 2 || q.GetUsage().GetCpus() != 4 {
+		t.Fatalf("GetQuota after the scale down = %v, %v; want 2 nodes, 4 vCPUs", q, err)
+	}
+	// Now the node fits.
+	op, err = h.clients.clusters.AddNodes(ctx, &clv1.AddNodesRequest{Name: c.GetName(), Machines: []string{ext.GetName()}})
+	if err != nil {
+		t.Fatalf("AddNodes within the quota: %v", err)
+	}
+	if done := h.wait(t, op); done.GetError() != nil {
+		t.Fatalf("AddNodes failed: %v", done.GetError())
+	}
+}
