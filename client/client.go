@@ -45,6 +45,8 @@ type Client struct {
 	Operations longrunningpb.OperationsClient
 	// Simulator drives the simulated infrastructure (servers run with --infra=sim).
 	Simulator clv1.SimulatorClient
+	// Quotas reads an account's limits and usage; admins set them.
+	Quotas clv1.QuotasClient
 
 	conn *grpc.ClientConn
 }
@@ -127,6 +129,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 		Catalog:    clv1.NewCatalogClient(conn),
 		Operations: longrunningpb.NewOperationsClient(conn),
 		Simulator:  clv1.NewSimulatorClient(conn),
+		Quotas:     clv1.NewQuotasClient(conn),
 		conn:       conn,
 	}, nil
 }

@@ -45,6 +45,10 @@ const (
 	// ReasonKubeconfigUnavailable (FAILED_PRECONDITION): GetKubeconfig of a
 	// cluster with no API endpoint yet, DESTROYED, or without credentials.
 	ReasonKubeconfigUnavailable = "KUBECONFIG_UNAVAILABLE"
+	// ReasonQuotaExceeded (RESOURCE_EXHAUSTED): the request would take the
+	// account past a limit of its quota; see QuotaViolations. Retrying
+	// helps only once the account holds less (or an admin raised it).
+	ReasonQuotaExceeded = "QUOTA_EXCEEDED"
 )
 
 // CodeName spells c as google.rpc.Code does (CANCELLED, NOT_FOUND,
@@ -81,6 +85,23 @@ func ErrorInfo(err error) *errdetails.ErrorInfo {
 // Reason is the ErrorInfo reason of err (e.g. ReasonOperationInProgress), or
 // "" when err carries none.
 func Reason(err error) string { return ErrorInfo(err).GetReason() }
+
+// QuotaViolations lists the limits a RESOURCE_EXHAUSTED error's
+// google.rpc.QuotaFailure names: each with its subject (accounts/{account})
+// and a description of the limit, the usage and the request.
+func QuotaViolations(err error) []*errdetails.QuotaFailure_Violation {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return nil
+	}
+	var out []*errdetails.QuotaFailure_Violation
+	for _, d := range st.Details() {
+		if qf, ok := d.(*errdetails.QuotaFailure); ok {
+			out = append(out, qf.GetViolations()...)
+		}
+	}
+	return out
+}
 
 // FieldViolations lists the invalid request fields of an INVALID_ARGUMENT
 // error (its google.rpc.BadRequest), each with the field's path in the

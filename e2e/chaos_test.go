@@ -28,6 +28,7 @@ import (
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/lease"
+	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 )
 
@@ -974,6 +975,7 @@ func (c *chaos) check() {
 	}
 	c.figures["operations (jobs, recoveries included)"] = len(jobs)
 	c.checkAdoptions(ctx)
+	c.checkQuotaUsage(ctx)
 	for op := range c.accepted {
 		if _, ok := jobs[strings.TrimPrefix(op, "operations/")]; !ok {
 			c.violate("accepted operation %s has no job", op)
@@ -1192,6 +1194,51 @@ func keys(m map[string]bool) []string {
 // every server's heartbeat stalls alike, and a peer must not take that for
 // a death. On Galera the servers of the node killed and rejoined may be
 // judged dead rightly, so such adoptions are counted, not violations.
+// checkQuotaUsage: quota usage never drifts (issue 19). At rest no cluster
+// holds more than its spec (every release, by its job, a recovery or the
+// scanner, cleared what the operation was about to hold, however it
+// ended), and each account's usage as GetQuota derives it is what its live
+// clusters' specs add up to (the soak's clusters are all "medium": 2 vCPUs,
+// 2048 MiB a node).
+func (c *chaos) checkQuotaUsage(ctx context.Context) {
+	var stale int
+	if err := c.raw.QueryRowContext(ctx, "SELECT COUNT(*) FROM clusters WHERE current_operation = ''"+
+		" AND (hold_worker_node_count <> 0 OR hold_service_offering <> '')").Scan(&stale); err != nil {
+		c.t.Fatal(err)
+	}
+	if stale > 0 {
+		c.violate("%d released clusters still hold what an ended operation was about to hold", stale)
+	}
+	cs, err := c.repo.ListClusters(ctx, repository.ClusterQuery{
+		Where: repository.Compare(repository.ClusterState, repository.Ne, lifecycle.Destroyed), Limit: 1000})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	want := map[string]repository.Usage{}
+	for _, cl := range cs {
+		u := want[cl.Account]
+		n := int64(cl.Spec.ControlNodeCount + cl.Spec.WorkerNodeCount)
+		u.Clusters, u.Nodes, u.CPUs, u.MemoryMB = u.Clusters+1, u.Nodes+n, u.CPUs+2*n, u.MemoryMB+2048*n
+		want[cl.Account] = u
+	}
+	size := func(_ context.Context, o string) (repository.Size, error) {
+		if o != "medium" {
+			return repository.Size{}, fmt.Errorf("offering %q: the soak uses medium only", o)
+		}
+		return repository.Size{CPUs: 2, MemoryMB: 2048}, nil
+	}
+	for account, w := range want {
+		q, err := c.repo.GetQuota(ctx, account, repository.QuotaCheck{Size: size})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if q.Usage != w {
+			c.violate("account %s: quota usage %+v; its live clusters hold %+v", account, q.Usage, w)
+		}
+		c.figures["quota usage checked (nodes)"] += int(w.Nodes)
+	}
+}
+
 func (c *chaos) checkAdoptions(ctx context.Context) {
 	slack := c.cfg.peerTimeout + 2*time.Second
 	for _, name := range c.names {

@@ -28,6 +28,9 @@ type NewCluster struct {
 	// inserted in the create's transaction: a cluster never exists without
 	// its credentials, nor credentials without their cluster.
 	Secrets []Secret
+	// Quota, when set, refuses the create if it would take the account
+	// past its limits (see the package doc, "Quotas").
+	Quota *QuotaCheck
 }
 
 // NewJob is what a claim needs to insert the job that holds the cluster.
@@ -50,6 +53,10 @@ type NewJob struct {
 type Changes struct {
 	Spec     *Spec
 	Endpoint *string
+	// Hold is what the cluster is about to hold while the operation runs
+	// (a claim that grows it writes it). Every write that releases the
+	// cluster clears it.
+	Hold *Hold
 }
 
 // Transition is one compare-and-set write of a cluster (SPEC §3.1): it applies
@@ -92,6 +99,10 @@ type Transition struct {
 	// cluster's history.
 	Server  string
 	Message string
+	// Quota, when set, refuses the write if it would take the cluster's
+	// account past its limits (see the package doc, "Quotas"). Claims that
+	// may grow a cluster set it.
+	Quota *QuotaCheck
 }
 
 // Move is the transition that carries out decision d on cluster c as read:
@@ -181,6 +192,11 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		if err := s.use(tx, uses); err != nil {
 			return err
 		}
+		if nc.Quota != nil {
+			if err := s.bumpClaims(tx, nc.Account); err != nil {
+				return err
+			}
+		}
 		if err := tx.Create(&row).Error; err != nil {
 			return fmt.Errorf("insert cluster: %w", classify(err))
 		}
@@ -190,7 +206,18 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		if err := tx.Create(&ev).Error; err != nil {
 			return fmt.Errorf("insert event: %w", classify(err))
 		}
-		return insertSecrets(tx, nc.ID, nc.Secrets, now)
+		if err := insertSecrets(tx, nc.ID, nc.Secrets, now); err != nil {
+			return err
+		}
+		if nc.Quota != nil {
+			delta, err := heldRow{ControlNodeCount: nc.Spec.ControlNodeCount, WorkerNodeCount: nc.Spec.WorkerNodeCount,
+				ServiceOffering: nc.Spec.ServiceOffering, ControlOffering: nc.Spec.ControlOffering}.usage(ctx, nc.Quota.sizer(tx))
+			if err != nil {
+				return fmt.Errorf("usage of the new cluster: %w", err)
+			}
+			return s.checkQuota(ctx, tx, nc.Account, delta, *nc.Quota)
+		}
+		return nil
 	})
 	if err != nil {
 		return Cluster{}, Job{}, fmt.Errorf("create cluster %q: %w", nc.DisplayName, classify(err))
@@ -331,9 +358,30 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		job jobRow
 	)
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		var (
+			before heldRow
+			delta  Usage
+		)
+		if t.Quota != nil {
+			var err error
+			if before, err = heldBefore(tx, t); err != nil {
+				return err
+			}
+			if err := s.bumpClaims(tx, before.Account); err != nil {
+				return err
+			}
+			if delta, err = claimDelta(ctx, before, t, t.Quota.sizer(tx)); err != nil {
+				return fmt.Errorf("usage of the claim: %w", err)
+			}
+		}
 		c, err := s.casCluster(tx, t)
 		if err != nil {
 			return err
+		}
+		if t.Quota != nil {
+			if err := s.checkQuota(ctx, tx, before.Account, delta, *t.Quota); err != nil {
+				return err
+			}
 		}
 		out = c
 		if err := s.use(tx, t.Uses); err != nil {
@@ -407,6 +455,15 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 	if t.Changes.Endpoint != nil {
 		set += ", endpoint = ?"
 		args = append(args, *t.Changes.Endpoint)
+	}
+	switch h := t.Changes.Hold; {
+	case t.Operation == "":
+		// Released: what an operation was about to hold is either the
+		// spec it wrote now, or not held any more.
+		set += ", hold_worker_node_count = 0, hold_service_offering = ''"
+	case h != nil:
+		set += ", hold_worker_node_count = ?, hold_service_offering = ?"
+		args = append(args, h.WorkerNodeCount, h.ServiceOffering)
 	}
 	if to == lifecycle.Destroyed {
 		// Soft delete: keep the row, free the display name for reuse.

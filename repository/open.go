@@ -56,6 +56,41 @@
 // refuses new claims only; the clusters on it keep running. Seeding
 // (SeedCatalog) fills an empty catalog only, with inserts that keep what
 // exists, so servers starting together all succeed.
+// # Quotas
+//
+// An account's usage (clusters, nodes, vCPUs, memory) is never stored: it
+// is derived from its live clusters' rows (alive, i.e. not yet DESTROYED),
+// so it cannot drift from them. What a cluster counts for is what it holds
+// or is about to hold: its control and worker nodes, each of its offering's
+// size (one function, roleUsage, per role), and while an operation that
+// grows it runs, the larger of its current worker count and the one the
+// operation goes to, and per node the larger of its current offering and
+// the one an offering change goes to (it resizes every node, control ones
+// too). The claim writes those targets to the
+// cluster's row (hold_worker_node_count, hold_service_offering, Changes.Hold:
+// scale up, add nodes, offering change), and every write that releases
+// the cluster clears them: a successful operation has written its new spec
+// by then, a failed or cancelled one returns the account to what the
+// cluster has. A scale down, a stop or a delete holds what the cluster
+// has until it ends (the machines exist until then): the delete frees it
+// when the cluster is DESTROYED. A failed create leaves an ERROR cluster
+// that keeps the machines it provisioned (a start retries it): it counts
+// until it is deleted.
+//
+// A claim that may grow a cluster (Transition.Quota, NewCluster.Quota) is
+// checked in its own transaction: it first writes its account's quota row
+// (claims = claims + 1, inserting the row if missing), then makes its own
+// write, then reads the account's live clusters (a locking read on MySQL)
+// and refuses with a *QuotaExceededError, writing nothing, if a resource it
+// grows would pass its limit. The first write serialises the claims of one
+// account: on one database by the row lock, and across Galera nodes, which
+// certify write-sets only (a locking read there locks nothing on the other
+// nodes), by certification: two claims of one account on two nodes both
+// write the one row, one fails at COMMIT and is run again (retry.go),
+// then sees the other's cluster. Limits are an admin's (SetQuota) or, for
+// an account without, the caller's default (QuotaCheck.Default); sizes come
+// from the caller (QuotaCheck.Size), since the catalog is not the
+// repository's.
 package repository
 
 import (

@@ -97,6 +97,9 @@ func (s *Server) gateway(ctx context.Context) error {
 	if err := clv1.RegisterCatalogHandler(ctx, mux, conn); err != nil {
 		return fmt.Errorf("gateway Catalog: %w", err)
 	}
+	if err := clv1.RegisterQuotasHandler(ctx, mux, conn); err != nil {
+		return fmt.Errorf("gateway Quotas: %w", err)
+	}
 	if err := opsgw.RegisterOperationsHandler(ctx, mux, conn); err != nil {
 		return fmt.Errorf("gateway Operations: %w", err)
 	}

@@ -125,8 +125,9 @@ func newMetrics() *metrics {
 
 // watch registers the gauges read at scrape time: clusters per state from
 // the database, the scanner's counters and pass durations, the pool.
-func (m *metrics) watch(store *repository.Store, sc *scanner.Scanner, log *slog.Logger) {
-	m.registry.MustRegister(&stateCollector{store: store, log: log}, scannerCollector{sc}, poolCollector{store})
+func (m *metrics) watch(store *repository.Store, sc *scanner.Scanner, quotas *service.Quotas, log *slog.Logger) {
+	m.registry.MustRegister(&stateCollector{store: store, log: log}, scannerCollector{sc}, poolCollector{store},
+		&quotaCollector{store: store, quotas: quotas, log: log})
 }
 
 // jobDone counts a job this server ended, then calls next (the Operations
@@ -285,6 +286,59 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, st := range lifecycle.States() {
 		ch <- prometheus.MustNewConstMetric(clustersDesc, prometheus.GaugeValue, float64(counts[st]), st.String())
+	}
+}
+
+// quotaCollector reads every account's quota usage and limits at each
+// scrape (one pass over the live clusters).
+type quotaCollector struct {
+	store  *repository.Store
+	quotas *service.Quotas
+	log    *slog.Logger
+}
+
+var (
+	quotaUsageDesc = prometheus.NewDesc("clusterd_quota_usage",
+		"What an account's clusters hold or are about to hold, per resource (clusters, nodes, cpus, memory_bytes).", []string{"account", "resource"}, nil)
+	quotaLimitDesc = prometheus.NewDesc("clusterd_quota_limit",
+		"An account's limit per resource (clusters, nodes, cpus, memory_bytes); absent when unlimited.", []string{"account", "resource"}, nil)
+)
+
+// Describe names the two metrics.
+func (c *quotaCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- quotaUsageDesc
+	ch <- quotaLimitDesc
+}
+
+// Collect reports usage and limits of every account with clusters or
+// limits of its own; a failure leaves them out of this scrape.
+func (c *quotaCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	qs, err := c.store.ListQuotas(ctx, c.quotas.Check())
+	if err != nil {
+		c.log.Warn("metrics: cannot read quotas", "error", err)
+		ch <- prometheus.NewInvalidMetric(quotaUsageDesc, err)
+		return
+	}
+	const mib = 1 << 20
+	for _, q := range qs {
+		for _, r := range []struct {
+			name  string
+			usage int64
+			limit *int64
+			scale float64
+		}{
+			{"clusters", q.Usage.Clusters, q.Limits.Clusters, 1},
+			{"nodes", q.Usage.Nodes, q.Limits.Nodes, 1},
+			{"cpus", q.Usage.CPUs, q.Limits.CPUs, 1},
+			{"memory_bytes", q.Usage.MemoryMB, q.Limits.MemoryMB, mib},
+		} {
+			ch <- prometheus.MustNewConstMetric(quotaUsageDesc, prometheus.GaugeValue, float64(r.usage)*r.scale, q.Account, r.name)
+			if r.limit != nil {
+				ch <- prometheus.MustNewConstMetric(quotaLimitDesc, prometheus.GaugeValue, float64(*r.limit)*r.scale, q.Account, r.name)
+			}
+		}
 	}
 }
 

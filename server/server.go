@@ -65,6 +65,9 @@ type Config struct {
 	// seed an empty database catalog at start (default
 	// service.DefaultCatalog()).
 	Catalog *service.Catalog
+	// DefaultQuota limits every account an admin set no quota for (zero:
+	// unlimited).
+	DefaultQuota repository.Limits
 	// Deadlines bound each kind of operation (default 1h).
 	Deadlines service.Deadlines
 	// HeartbeatInterval, PeerTimeout, ScanInterval, ReconcileInterval and
@@ -144,6 +147,7 @@ type Server struct {
 	infra    infra.Infrastructure
 	libvirt  *libvirt.Driver
 	clusters *service.Clusters
+	quotas   *service.Quotas
 	ops      *service.Operations
 	scanner  *scanner.Scanner
 	health   *health.Server
@@ -274,8 +278,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.infra, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
-		Lease: s.lease, HandOff: resume, Secrets: keyring,
+		Lease: s.lease, HandOff: resume, Secrets: keyring, DefaultQuota: cfg.DefaultQuota,
 	})
+	s.quotas = service.NewQuotas(s.store, s.clusters)
 	var adopter scanner.Adopter
 	if resume {
 		adopter = s.clusters
@@ -298,6 +303,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		grpc.MaxRecvMsgSize(maxGRPCMessage))...)
 	clv1.RegisterClusterLifecycleServer(s.grpc, s.clusters)
 	clv1.RegisterCatalogServer(s.grpc, service.NewCatalogService(s.store, s.clusters))
+	clv1.RegisterQuotasServer(s.grpc, s.quotas)
 	longrunningpb.RegisterOperationsServer(s.grpc, s.ops)
 	if s.libvirt == nil {
 		clv1.RegisterSimulatorServer(s.grpc, service.NewSimulator(s.sim))
@@ -307,7 +313,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.setHealth(healthpb.HealthCheckResponse_SERVING) // the database answered and the lease is held
 	reflection.Register(s.grpc)
 	s.metrics.grpc.InitializeMetrics(s.grpc)
-	s.metrics.watch(s.store, s.scanner, s.log)
+	s.metrics.watch(s.store, s.scanner, s.quotas, s.log)
 
 	if err := s.gateway(ctx); err != nil {
 		_ = s.grpcLis.Close()
@@ -454,7 +460,7 @@ func (s *Server) watchHealth(ctx context.Context) {
 // setHealth sets the status of the whole server and of each service it
 // registers: clients ask for either.
 func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
-	for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName, clv1.Simulator_ServiceDesc.ServiceName} {
+	for _, name := range []string{"", clv1.ClusterLifecycle_ServiceDesc.ServiceName, longrunningpb.Operations_ServiceDesc.ServiceName, clv1.Simulator_ServiceDesc.ServiceName, clv1.Quotas_ServiceDesc.ServiceName} {
 		s.health.SetServingStatus(name, st)
 	}
 }

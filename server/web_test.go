@@ -187,6 +187,15 @@ func TestWebView(t *testing.T) {
 	if done, total := row["done"].(float64), row["total"].(float64); row["state"] != "SCALING" || done <= 0 || done >= total || row["problem"] == true {
 		t.Errorf("row = %v; want SCALING with a partial bar and no problem shown", row)
 	}
+	// The account's quota: its one cluster, 1 control + 2 workers (the
+	// scale's target, held while it runs), no limits.
+	quota := see[string](t, ctx, "the account's quota",
+		`(() => { const r = document.querySelector('#quotas tr[data-quota="accounts/ops/quota"]'); return r && r.innerText; })()`)
+	for _, want := range []string{"ops", "1 / ∞", "3 / ∞", "default"} {
+		if !strings.Contains(quota, want) {
+			t.Errorf("the quota row shows %q; want %q in it", quota, want)
+		}
+	}
 	if stored := see[string](t, ctx, "the token kept for the tab", `sessionStorage.getItem('clusterd.token')`); stored != tokenAdmin {
 		t.Errorf("sessionStorage holds %q", stored)
 	}

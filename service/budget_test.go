@@ -206,10 +206,14 @@ func clusterOf(t *testing.T, op *longrunningpb.Operation) string {
 // start 6 + 19; a refused request 3. A job's end passes the repository's
 // guard before it releases the cluster: two locking reads (the cluster's
 // row, then the job's) in its transaction, in every job's budget. Cluster
-// credentials (issue 19) cost a create one statement (the sealed CA and
+// credentials cost a create one statement (the sealed CA and
 // admin certificate, one INSERT in its transaction), an operation that
 // joins nodes one read (the CA its joins hand over), and the destroy one
-// DELETE (the credentials go with the cluster).
+// DELETE (the credentials go with the cluster). A claim
+// that may grow its account (create, scale up, add nodes) is held to the
+// account's quota in its transaction: two statements more, the
+// write to the account's quota row that serialises its claims and one read
+// of the account's limits and live clusters.
 type budget struct {
 	rpc, job, infra int // statements
 	tx              int // transactions, every party
@@ -223,7 +227,7 @@ func TestStatementBudget(t *testing.T) {
 			// An operation that ends RUNNING or STOPPED reads its machines
 			// once more, to compare them with the record: one more
 			// infrastructure statement for create, start, scale and stop.
-			// The catalog (issue 19): a create reads its version and
+			// The catalog: a create reads its version and
 			// offering to validate them (2) and its claim takes both (2
 			// conditional writes in its transaction); a job that attaches
 			// an ISO reads its version's (1).
@@ -232,7 +236,7 @@ func TestStatementBudget(t *testing.T) {
 				want budget
 				run  func(t *testing.T, ctx context.Context)
 			}{
-				{"CreateCluster 1+2", budget{rpc: 8, job: 26, infra: 96, tx: 19}, func(t *testing.T, ctx context.Context) {
+				{"CreateCluster 1+2", budget{rpc: 10, job: 26, infra: 96, tx: 19}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.CreateCluster(ctx, &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
 						DisplayName: "budget", KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 2, ServiceOffering: "medium",
 					}, RequestId: uuid.NewString()})
@@ -266,7 +270,7 @@ func TestStatementBudget(t *testing.T) {
 					}
 					e.wait(t, op)
 				}},
-				{"ScaleCluster 2->3 workers", budget{rpc: 4, job: 12, infra: 33, tx: 7}, func(t *testing.T, ctx context.Context) {
+				{"ScaleCluster 2->3 workers", budget{rpc: 6, job: 12, infra: 33, tx: 7}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: new(int32(3)), RequestId: uuid.NewString()})
 					if err != nil {
 						t.Fatal(err)

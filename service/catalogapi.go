@@ -16,7 +16,7 @@ import (
 	"github.com/clusterd/clusterd/repository"
 )
 
-// The catalog's rules (issue 19), which the repository's package doc
+// The catalog's rules, which the repository's package doc
 // details: versions and offerings are rows an admin manages; every
 // authenticated caller reads them. Requests are validated against them here
 // (an unknown entry, or an offering smaller than the version asks of a

@@ -87,6 +87,10 @@ type request struct {
 	// cluster as read (a scale's offering, only when it changes).
 	uses    repository.Uses
 	usesFor func(c repository.Cluster) repository.Uses
+	// hold, when set, is what the operation grows the cluster as read to
+	// (nil if it does not grow it): the claim records it and is held to
+	// the account's quota (see the repository's package doc, "Quotas").
+	hold func(c repository.Cluster) *repository.Hold
 }
 
 // idempotency is what identifies one client request across retries
@@ -218,6 +222,12 @@ func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key 
 	t.Uses = r.uses
 	if r.usesFor != nil {
 		t.Uses = r.usesFor(c)
+	}
+	if r.hold != nil {
+		if h := r.hold(c); h != nil {
+			t.Changes.Hold = h
+			t.Quota = s.quotaCheck()
+		}
 	}
 	return s.claim(ctx, t, r.verb, key, r.params, r.work)
 }

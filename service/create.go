@@ -57,6 +57,7 @@ func (s *Clusters) create(ctx context.Context, nc repository.NewCluster, key ide
 	if nc.Secrets, err = s.sealCredentials(nc.ID); err != nil {
 		return nil, err
 	}
+	nc.Quota = s.quotaCheck()
 	params, _ := json.Marshal(nc.Spec)
 	nj := s.newJob(VerbCreate, key, string(params))
 	release, err := s.runner.Reserve(nj.ID)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/protoadapt"
 
 	"github.com/clusterd/clusterd/auth"
 	"github.com/clusterd/clusterd/client"
@@ -65,6 +66,10 @@ const (
 	// offering that a cluster uses (FAILED_PRECONDITION; metadata
 	// "resource" and "cluster").
 	ReasonCatalogEntryInUse = "CATALOG_ENTRY_IN_USE"
+	// ReasonQuotaExceeded: the request would take the account past one of
+	// its limits (RESOURCE_EXHAUSTED, with a google.rpc.QuotaFailure naming
+	// each limit; metadata "account" and "limits").
+	ReasonQuotaExceeded = "QUOTA_EXCEEDED"
 )
 
 // Reasons of a failed or cancelled operation's error (Operation.error): why
@@ -297,6 +302,7 @@ func Status(err error) *status.Status {
 		step       *StepError
 		changed    *MachinesChangedError
 		noKubecfg  *KubeconfigUnavailableError
+		quota      *repository.QuotaExceededError
 	)
 	switch {
 	// Why an operation ended without success (the job's stored error).
@@ -356,6 +362,8 @@ func Status(err error) *status.Status {
 			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request_id", Description: reused.Error()}}})
 	case errors.As(err, &exists):
 		return build(codes.AlreadyExists, exists.Error(), ReasonAlreadyExists, nil)
+	case errors.As(err, &quota):
+		return quotaStatus(quota)
 	case errors.Is(err, errNoLease):
 		return build(codes.Unavailable, errNoLease.Error()+"; please retry", ReasonServerUnavailable, nil)
 	case errors.Is(err, errShuttingDown):
@@ -409,16 +417,28 @@ func withErrorInfo(st *status.Status) *status.Status {
 // as google.rpc.Code spells it (client.CodeName, which clusterctl prints).
 func codeReason(c codes.Code) string { return client.CodeName(c) }
 
-func build(c codes.Code, msg, reason string, meta map[string]string, extra ...*errdetails.BadRequest) *status.Status {
-	st := status.New(c, msg)
-	info := &errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: meta}
-	var with *status.Status
-	var err error
-	if len(extra) > 0 && extra[0] != nil {
-		with, err = st.WithDetails(info, extra[0])
-	} else {
-		with, err = st.WithDetails(info)
+// quotaStatus is RESOURCE_EXHAUSTED with a google.rpc.QuotaFailure: one
+// violation per limit exceeded, its subject the account, its description the
+// limit, the usage and the request.
+func quotaStatus(e *repository.QuotaExceededError) *status.Status {
+	qf := &errdetails.QuotaFailure{}
+	names := make([]string, len(e.Violations))
+	for i, v := range e.Violations {
+		names[i] = v.Limit
+		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
+			Subject:     "accounts/" + e.Account,
+			Description: fmt.Sprintf("%s limit %d: %d in use, %d requested", v.Limit, v.Max, v.Usage, v.Request),
+		})
 	}
+	return build(codes.ResourceExhausted, e.Error(), ReasonQuotaExceeded,
+		map[string]string{"account": e.Account, "limits": strings.Join(names, ",")}, qf)
+}
+
+func build(c codes.Code, msg, reason string, meta map[string]string, extra ...protoadapt.MessageV1) *status.Status {
+	st := status.New(c, msg)
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: meta}}
+	details = append(details, extra...)
+	with, err := st.WithDetails(details...)
 	if err != nil {
 		return st
 	}

@@ -36,6 +36,8 @@ func TestStatusMapsEveryDomainError(t *testing.T) {
 		{"not found", wrap(&NotFoundError{Name: "clusters/a"}), codes.NotFound, "NOT_FOUND", "clusters/a not found"},
 		{"repository not found", wrap(repository.ErrNotFound), codes.NotFound, "NOT_FOUND", "not found"},
 		{"name taken", wrap(repository.ErrAlreadyExists), codes.AlreadyExists, "ALREADY_EXISTS", "already exists"},
+		{"quota exceeded", wrap(&repository.QuotaExceededError{Account: "acme", Violations: []repository.QuotaViolation{{Limit: "nodes", Max: 4, Usage: 3, Request: 2}}}),
+			codes.ResourceExhausted, "QUOTA_EXCEEDED", "nodes limit 4, in use 3, requested 2"},
 		{"database down", wrap(repository.ErrUnavailable), codes.Unavailable, "DATABASE_UNAVAILABLE", "please retry"},
 		{"not implemented", &NotImplementedError{Method: "X", Detail: "later"}, codes.Unimplemented, "NOT_IMPLEMENTED", "X is not implemented yet"},
 		{"client went away", wrap(context.Canceled), codes.Canceled, "CANCELLED", "cancelled"},
@@ -89,6 +91,35 @@ func TestOperationInProgressNamesTheHolder(t *testing.T) {
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetMetadata()["operation"] != "operations/b" {
 			t.Errorf("ErrorInfo metadata = %v; want the holding operation", info.GetMetadata())
+		}
+	}
+}
+
+func TestQuotaExceededCarriesAQuotaFailure(t *testing.T) {
+	st := Status(fmt.Errorf("claim: %w", &repository.QuotaExceededError{Account: "acme", Violations: []repository.QuotaViolation{
+		{Limit: "clusters", Max: 5, Usage: 5, Request: 1}, {Limit: "cpus", Max: 10, Usage: 8, Request: 4}}}))
+	var (
+		info *errdetails.ErrorInfo
+		qf   *errdetails.QuotaFailure
+	)
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			info = d
+		case *errdetails.QuotaFailure:
+			qf = d
+		}
+	}
+	if info.GetReason() != ReasonQuotaExceeded || info.GetMetadata()["account"] != "acme" || info.GetMetadata()["limits"] != "clusters,cpus" {
+		t.Errorf("ErrorInfo = %v", info)
+	}
+	want := []string{"clusters limit 5: 5 in use, 1 requested", "cpus limit 10: 8 in use, 4 requested"}
+	if len(qf.GetViolations()) != len(want) {
+		t.Fatalf("QuotaFailure = %v; want %d violations", qf, len(want))
+	}
+	for i, v := range qf.GetViolations() {
+		if v.GetSubject() != "accounts/acme" || v.GetDescription() != want[i] {
+			t.Errorf("violation %d = %v; want accounts/acme, %q", i, v, want[i])
 		}
 	}
 }

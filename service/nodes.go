@@ -45,7 +45,10 @@ func (s *Clusters) AddNodes(ctx context.Context, req *clv1.AddNodesRequest) (*lo
 		msg: req, name: req.GetName(), requestID: req.GetRequestId(),
 		verb: VerbAddNodes, event: lifecycle.AddNodeRequested, params: plan,
 		check: func(ctx context.Context, c repository.Cluster) error { return s.checkAdd(ctx, c, plan) },
-		work:  func(ctx context.Context, o *op) (repository.Changes, error) { return s.addWork(ctx, o, plan) },
+		hold: func(c repository.Cluster) *repository.Hold {
+			return &repository.Hold{WorkerNodeCount: c.Spec.WorkerNodeCount + int32(len(plan.Machines))}
+		},
+		work: func(ctx context.Context, o *op) (repository.Changes, error) { return s.addWork(ctx, o, plan) },
 	})
 }
 

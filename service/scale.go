@@ -34,6 +34,21 @@ func (p scalePlan) target(current int32) int32 {
 	return current
 }
 
+// hold is what the plan grows a cluster to while it runs: the larger worker
+// count and the new offering (nil for a plan that grows nothing).
+func (p scalePlan) hold(c repository.Cluster) *repository.Hold {
+	current := c.Spec.WorkerNodeCount
+	target := p.target(current)
+	offering := ""
+	if p.Offering != "" && p.Offering != c.Spec.ServiceOffering {
+		offering = p.Offering
+	}
+	if target <= current && offering == "" {
+		return nil
+	}
+	return &repository.Hold{WorkerNodeCount: max(current, target), ServiceOffering: offering}
+}
+
 // event is the state machine event of the plan: an autoscaler change, a size
 // change up or down, or an offering change (SCALE_UP_REQUESTED, which is what
 // lets a stopped cluster go to SCALING_STOPPED_CLUSTER).
@@ -99,6 +114,7 @@ func (s *Clusters) ScaleCluster(ctx context.Context, req *clv1.ScaleClusterReque
 		},
 		eventFor: func(c repository.Cluster) lifecycle.Event { return plan.event(c.Spec.WorkerNodeCount) },
 		check:    func(ctx context.Context, c repository.Cluster) error { return s.checkScale(ctx, c, plan) },
+		hold:     plan.hold,
 		work:     func(ctx context.Context, o *op) (repository.Changes, error) { return s.scaleWork(ctx, o, plan) },
 	})
 }

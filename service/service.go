@@ -57,6 +57,9 @@ type ClustersConfig struct {
 	Infra  infra.Infrastructure
 	// Catalog bounds what clusters may be made of (default DefaultCatalog()).
 	Catalog *Catalog
+	// DefaultQuota limits the accounts an admin set no quota for (the
+	// zero Limits: unlimited).
+	DefaultQuota repository.Limits
 	// ServerID and Incarnation are recorded on every job this server runs.
 	ServerID    string
 	Incarnation string
@@ -99,6 +102,8 @@ type Clusters struct {
 	lease       Lease
 	handOff     bool
 	secrets     *secrets.Keyring
+	// defaultQuota is the limits of accounts without their own.
+	defaultQuota repository.Limits
 	// draining is set by Drain: the server is stopping and claims nothing.
 	draining atomic.Bool
 	// repairs counts the leftovers recovery has converged (SPEC §5.3).
@@ -120,7 +125,7 @@ func NewClusters(cfg ClustersConfig) *Clusters {
 	s := &Clusters{
 		store: cfg.Store, runner: cfg.Runner, infra: cfg.Infra, serverID: cfg.ServerID,
 		incarnation: cfg.Incarnation, deadlines: cfg.Deadlines, now: cfg.Clock, log: cfg.Logger, lease: cfg.Lease,
-		handOff: cfg.HandOff, secrets: cfg.Secrets,
+		handOff: cfg.HandOff, secrets: cfg.Secrets, defaultQuota: cfg.DefaultQuota,
 	}
 	if s.secrets == nil {
 		s.secrets = secrets.Ephemeral()

@@ -125,6 +125,10 @@ func (a *app) rootCommand() *cobra.Command {
 	ops := a.operationsCommand()
 	ops.GroupID = "operations"
 	root.AddCommand(ops)
+	root.AddGroup(&cobra.Group{ID: "quotas", Title: "Quotas:"})
+	quota := a.quotaCommand()
+	quota.GroupID = "quotas"
+	root.AddCommand(quota)
 	return root
 }
 
@@ -198,6 +202,9 @@ func (a *app) report(ctx context.Context, err error) int {
 	fmt.Fprintf(a.stderr, "clusterctl: %s%s: %s\n", prefix, what, messageOf(err))
 	for _, v := range client.FieldViolations(err) {
 		fmt.Fprintf(a.stderr, "  %s: %s\n", v.GetField(), v.GetDescription())
+	}
+	for _, v := range client.QuotaViolations(err) {
+		fmt.Fprintf(a.stderr, "  %s: %s\n", v.GetSubject(), v.GetDescription())
 	}
 	if code == codes.Unavailable && strings.Contains(messageOf(err), "connect") {
 		fmt.Fprintf(a.stderr, "  (is clusterd serving gRPC on %s? set --server or CLUSTERCTL_SERVER)\n", a.server)

@@ -99,6 +99,11 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 		catalog.Offerings = os
 		return err
 	})
+	fs.Func("default-quota", "limits of every account an admin set no quota for, e.g. clusters=10,nodes=100,cpus=400,memory_mb=819200; a limit not named is unlimited (default: unlimited)", func(v string) error {
+		l, err := service.ParseQuota(v)
+		cfg.DefaultQuota = l
+		return err
+	})
 	fs.Func("max-cluster-size", "the most nodes (control + workers) a cluster may have (default 50)", func(v string) error {
 		n, err := strconv.ParseInt(v, 10, 32)
 		if err != nil || n < 2 {

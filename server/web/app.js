@@ -101,11 +101,45 @@ function progress(op, withVerb = true) {
     md.requestedCancellation ? el('span', { class: 'muted' }, 'cancelling') : null);
 }
 
+// quotas reads every account's quota for an admin (ListQuotas), or, for a
+// user (who may read only its own), the quotas of the accounts of the
+// clusters it sees.
+async function quotas(clusters) {
+  try {
+    return await all('/v1/quotas', 'quotas');
+  } catch (err) {
+    if (err.status !== 403) throw err;
+  }
+  const accounts = [...new Set(clusters.map((c) => c.account))].sort();
+  return Promise.all(accounts.map((a) => api('/v1/accounts/' + encodeURIComponent(a) + '/quota')));
+}
+
+// quotaTable shows usage against limit per account (∞: unlimited).
+function quotaTable(list) {
+  if (list.length === 0) return null;
+  const cell = (q, field, unit) => {
+    const used = Number((q.usage || {})[field] || 0);
+    const lim = (q.limits || {})[field];
+    const over = lim !== undefined && lim !== null && used >= Number(lim);
+    return el('td', { class: over ? 'full' : '' }, used + ' / ' + (lim === undefined || lim === null ? '∞' : lim) + (unit || ''));
+  };
+  return [
+    el('h2', {}, 'Quotas'),
+    el('table', { id: 'quotas' },
+      el('thead', {}, el('tr', {}, ['Account', 'Clusters', 'Nodes', 'vCPUs', 'Memory (MiB)', 'Limits'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, list.map((q) => el('tr', { 'data-quota': q.name },
+        el('td', {}, q.name.replace(/^accounts\//, '').replace(/\/quota$/, '')),
+        cell(q, 'clusters'), cell(q, 'nodes'), cell(q, 'cpus'), cell(q, 'memoryMb'),
+        el('td', { class: 'muted' }, q.explicit ? 'set by an admin' : 'default'))))),
+  ];
+}
+
 async function listView() {
   const [clusters, running] = await Promise.all([
     all('/v1/clusters', 'clusters'),
     all('/v1/operations?filter=' + encodeURIComponent('done = false'), 'operations'),
   ]);
+  const quota = quotaTable(await quotas(clusters));
   const ops = Object.fromEntries(running.map((op) => [op.name, op]));
   const rows = clusters.map((c) => {
     const id = idOf(c.name);
@@ -133,7 +167,8 @@ async function listView() {
         el('thead', {}, el('tr', {}, ['Cluster', 'Account', 'State', 'Kubernetes', 'Nodes (control + workers)', 'Current operation', 'Updated']
           .map((h) => el('th', {}, h)))),
         el('tbody', {}, rows)),
-  ];
+    quota,
+  ].flat();
 }
 
 // spans groups a cluster's history into who held it: consecutive events of

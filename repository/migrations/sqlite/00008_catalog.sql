@@ -1,5 +1,5 @@
 -- +goose Up
--- The catalog (issue 19): the Kubernetes versions clusters may run and the
+-- The catalog: the Kubernetes versions clusters may run and the
 -- service offerings (machine sizes) their nodes may have, as resources an
 -- admin manages rather than flags. claims counts the claims (creates,
 -- upgrades, scales) that took the row: every such claim writes it in its
