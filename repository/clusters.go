@@ -210,12 +210,13 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 			return err
 		}
 		if nc.Quota != nil {
+			check := nc.Quota.memo(tx)
 			delta, err := heldRow{ControlNodeCount: nc.Spec.ControlNodeCount, WorkerNodeCount: nc.Spec.WorkerNodeCount,
-				ServiceOffering: nc.Spec.ServiceOffering, ControlOffering: nc.Spec.ControlOffering}.usage(ctx, nc.Quota.sizer(tx))
+				ServiceOffering: nc.Spec.ServiceOffering, ControlOffering: nc.Spec.ControlOffering}.usage(ctx, check.Size)
 			if err != nil {
 				return fmt.Errorf("usage of the new cluster: %w", err)
 			}
-			return s.checkQuota(ctx, tx, nc.Account, delta, *nc.Quota)
+			return s.checkQuota(ctx, tx, nc.Account, delta, check)
 		}
 		return nil
 	})
@@ -361,6 +362,7 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		var (
 			before heldRow
 			delta  Usage
+			check  QuotaCheck
 		)
 		if t.Quota != nil {
 			var err error
@@ -370,7 +372,8 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 			if err := s.bumpClaims(tx, before.Account); err != nil {
 				return err
 			}
-			if delta, err = claimDelta(ctx, before, t, t.Quota.sizer(tx)); err != nil {
+			check = t.Quota.memo(tx)
+			if delta, err = claimDelta(ctx, before, t, check.Size); err != nil {
 				return fmt.Errorf("usage of the claim: %w", err)
 			}
 		}
@@ -379,7 +382,7 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 			return err
 		}
 		if t.Quota != nil {
-			if err := s.checkQuota(ctx, tx, before.Account, delta, *t.Quota); err != nil {
+			if err := s.checkQuota(ctx, tx, before.Account, delta, check); err != nil {
 				return err
 			}
 		}

@@ -93,6 +93,13 @@ type QuotaCheck struct {
 	Size SizeFunc
 }
 
+// memo is c with one Size for a whole check in transaction tx, which reads
+// each offering once.
+func (c QuotaCheck) memo(tx *gorm.DB) QuotaCheck {
+	c.Size = memoSize(c.sizer(tx))
+	return c
+}
+
 // sizer is Size, or a reader of the service_offerings rows through db.
 func (c QuotaCheck) sizer(db *gorm.DB) SizeFunc {
 	if c.Size != nil {

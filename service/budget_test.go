@@ -211,9 +211,10 @@ func clusterOf(t *testing.T, op *longrunningpb.Operation) string {
 // joins nodes one read (the CA its joins hand over), and the destroy one
 // DELETE (the credentials go with the cluster). A claim
 // that may grow its account (create, scale up, add nodes) is held to the
-// account's quota in its transaction: two statements more, the
-// write to the account's quota row that serialises its claims and one read
-// of the account's limits and live clusters.
+// account's quota in its transaction: three statements more, the
+// write to the account's quota row that serialises its claims, one read
+// of the account's limits and live clusters, and one read of each
+// offering's size.
 type budget struct {
 	rpc, job, infra int // statements
 	tx              int // transactions, every party
@@ -236,7 +237,7 @@ func TestStatementBudget(t *testing.T) {
 				want budget
 				run  func(t *testing.T, ctx context.Context)
 			}{
-				{"CreateCluster 1+2", budget{rpc: 10, job: 26, infra: 96, tx: 19}, func(t *testing.T, ctx context.Context) {
+				{"CreateCluster 1+2", budget{rpc: 11, job: 26, infra: 96, tx: 19}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.CreateCluster(ctx, &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
 						DisplayName: "budget", KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 2, ServiceOffering: "medium",
 					}, RequestId: uuid.NewString()})
@@ -270,7 +271,7 @@ func TestStatementBudget(t *testing.T) {
 					}
 					e.wait(t, op)
 				}},
-				{"ScaleCluster 2->3 workers", budget{rpc: 6, job: 12, infra: 33, tx: 7}, func(t *testing.T, ctx context.Context) {
+				{"ScaleCluster 2->3 workers", budget{rpc: 7, job: 12, infra: 33, tx: 7}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: new(int32(3)), RequestId: uuid.NewString()})
 					if err != nil {
 						t.Fatal(err)

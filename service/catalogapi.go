@@ -457,8 +457,8 @@ func (c *CatalogService) DeleteServiceOffering(ctx context.Context, req *clv1.De
 func ptr[T any](v T) *T { return &v }
 
 // offeringSize is the size of the service offering named name, DISABLED or
-// not: what quota accounting counts a cluster's nodes by (an offering's size
-// never changes). A missing offering is ErrNotFound.
+// not (an offering's size never changes): what a scale compares offerings
+// by. A missing offering is ErrNotFound.
 func (s *Clusters) offeringSize(ctx context.Context, name string) (Offering, error) {
 	o, err := s.store.GetServiceOffering(ctx, name)
 	if err != nil {

@@ -28,7 +28,11 @@ func TestCatalogCommands(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte(line("admin-token", "ops", "admin")+line("team-a-token", "team-a", "user")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := serve(t, func(c *server.Config) { c.AuthTokens = tokens })
+	secretsKey := filepath.Join(t.TempDir(), "secrets.key")
+	if err := os.WriteFile(secretsKey, []byte("k1 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, func(c *server.Config) { c.AuthTokens, c.SecretsKeyFile = tokens, secretsKey })
 	admin := map[string]string{"CLUSTERCTL_SERVER": addr, "CLUSTERCTL_TOKEN": "admin-token"}
 	user := map[string]string{"CLUSTERCTL_SERVER": addr, "CLUSTERCTL_TOKEN": "team-a-token"}
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/clusterd/clusterd/repository"
+	"github.com/clusterd/clusterd/repository/repotest"
 	"github.com/clusterd/clusterd/secrets"
 )
 
@@ -29,6 +30,7 @@ func TestRotateSecretsCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	repotest.SeedCatalog(t, store)
 	old, err := secrets.ParseKeyFile([]byte(keyLine("k1", 1)))
 	if err != nil {
 		t.Fatal(err)
