@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -223,16 +224,30 @@ func CreateKeyFile(path string, now time.Time) (*Keyring, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	// The key is written to a file of its own and then linked to path, which
+	// fails if path exists: a process that finds path never reads it half
+	// written.
+	f, err := os.CreateTemp(filepath.Dir(path), ".secrets-key-*")
 	if err != nil {
 		return nil, fmt.Errorf("create secrets key file: %w", err)
 	}
-	_, werr := f.WriteString("# clusterd secrets keys: <key id> <base64 of 32 bytes>, the first one current\n" + line)
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	werr := f.Chmod(0o600)
+	if werr == nil {
+		_, werr = f.WriteString("# clusterd secrets keys: <key id> <base64 of 32 bytes>, the first one current\n" + line)
+	}
+	if werr == nil {
+		werr = f.Sync()
+	}
 	if cerr := f.Close(); werr == nil {
 		werr = cerr
 	}
 	if werr != nil {
-		return nil, errors.Join(fmt.Errorf("write secrets key file %s: %w", path, werr), os.Remove(path))
+		return nil, fmt.Errorf("write secrets key file %s: %w", path, werr)
+	}
+	if err := os.Link(tmp, path); err != nil {
+		return nil, fmt.Errorf("create secrets key file: %w", err)
 	}
 	return NewKeyring(key)
 }

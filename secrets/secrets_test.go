@@ -215,3 +215,53 @@ func TestNewCredentials(t *testing.T) {
 		t.Fatalf("SplitBundle(Bundle) does not give back what went in: %v", err)
 	}
 }
+
+// TestLoadOrCreateKeyFileConcurrently: development servers starting at once
+// (tests, or several on one machine) all get the one key file's key: none
+// reads the file before its key is in it, and exactly one creates it.
+func TestLoadOrCreateKeyFileConcurrently(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dev-secrets-key")
+	const n = 32
+	type result struct {
+		k       *secrets.Keyring
+		created bool
+		err     error
+	}
+	results := make(chan result, n)
+	start := make(chan struct{})
+	for range n {
+		go func() {
+			<-start
+			k, created, err := secrets.LoadOrCreateKeyFile(path, time.Now())
+			results <- result{k, created, err}
+		}()
+	}
+	close(start)
+	var keys []*secrets.Keyring
+	created := 0
+	for range n {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("LoadOrCreateKeyFile: %v", r.err)
+		}
+		if r.created {
+			created++
+		}
+		keys = append(keys, r.k)
+	}
+	if created != 1 {
+		t.Errorf("%d callers created the file, want 1", created)
+	}
+	sealed, err := keys[0].Seal([]byte("x"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if _, err := k.Open(sealed, nil); err != nil {
+			t.Errorf("caller %d has another key: %v", i, err)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".secrets-key-*")); len(left) > 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+}
