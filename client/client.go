@@ -1,6 +1,6 @@
 // Package client is the Go client of clusterd: a connection with the
-// ClusterLifecycle, Catalog, Operations and Simulator stubs, and the helpers every
-// caller otherwise writes again: follow an operation to its end with progress
+// ClusterLifecycle, Catalog, Quotas, Operations and Simulator stubs, and
+// the helpers every caller otherwise writes again: follow an operation to its end with progress
 // (Wait), retry a request that another operation refused (RetryAborted), and
 // read the google.rpc.ErrorInfo and BadRequest of an error (Reason,
 // FieldViolations). It imports only the generated API and gRPC, never the
