@@ -360,7 +360,7 @@ func (s *Store) checkQuota(ctx context.Context, tx *gorm.DB, account string, del
 func heldBefore(tx *gorm.DB, t Transition) (heldRow, error) {
 	if c := t.Read; c != nil && c.CurrentOperation == "" {
 		return heldRow{Account: c.Account, ControlNodeCount: c.Spec.ControlNodeCount, WorkerNodeCount: c.Spec.WorkerNodeCount,
-			ServiceOffering: c.Spec.ServiceOffering}, nil
+			ServiceOffering: c.Spec.ServiceOffering, ControlOffering: c.Spec.ControlOffering}, nil
 	}
 	clusterID := t.ClusterID
 	var r heldRow

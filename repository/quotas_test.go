@@ -38,9 +38,11 @@ func createQuota(ctx context.Context, s *repository.Store, name string, q *repos
 
 // raceCreates runs 32 creates of one account at once, spread over stores,
 // against a limit of 5 clusters: exactly 5 must be accepted and every other
-// refused with a QuotaExceededError naming the clusters limit.
+// refused with a QuotaExceededError naming the clusters limit. The stores
+// share one database, whose catalog it seeds.
 func raceCreates(t *testing.T, stores []*repository.Store) {
 	t.Helper()
+	repotest.SeedCatalog(t, stores[0])
 	const racers, max = 32, 5
 	ctx := ctxT(t)
 	q := quotaOf(repository.Limits{Clusters: limit(max)})
@@ -223,6 +225,38 @@ func TestQuotaLimitsAdminAndDefault(t *testing.T) {
 		all, err := s.ListQuotas(ctx, *q)
 		if err != nil || len(all) != 1 || all[0].Account != "acme" || all[0].Usage.Clusters != 2 {
 			t.Fatalf("ListQuotas = %+v, %v", all, err)
+		}
+	})
+}
+
+// TestQuotaCountsControlNodesByTheirOwnOffering: control nodes with an
+// offering of their own count at its size, and a workers' offering change
+// leaves them at it; with no Size of its own a check reads the sizes from
+// the catalog's offerings.
+func TestQuotaCountsControlNodesByTheirOwnOffering(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		q := &repository.QuotaCheck{Default: repository.Limits{CPUs: limit(11)}}
+		sp := spec
+		sp.ControlOffering = "large"
+		c, j, err := s.CreateCluster(ctx, repository.NewCluster{Account: "acme", DisplayName: "web", Spec: sp, Quota: q},
+			repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		finishRunning(t, s, c, j)
+		c, _ = s.GetCluster(ctx, c.ID)
+		got, err := s.GetQuota(ctx, "acme", *q)
+		if err != nil || got.Usage != (repository.Usage{Clusters: 1, Nodes: 3, CPUs: 4 + 2*2, MemoryMB: 8192 + 2*2048}) {
+			t.Fatalf("usage of 1 large control + 2 medium workers = %+v, %v", got.Usage, err)
+		}
+		// Workers to large: the control node stays large, 4 + 2*4 = 12 > 11.
+		_, _, err = s.Claim(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Read: &c, Event: lifecycle.ScaleUpRequested,
+			Changes: repository.Changes{Hold: &repository.Hold{WorkerNodeCount: 2, ServiceOffering: "large"}}, Quota: q},
+			repository.NewJob{Kind: "scale", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
+		var qe *repository.QuotaExceededError
+		if !errors.As(err, &qe) || len(qe.Violations) != 1 || qe.Violations[0] != (repository.QuotaViolation{Limit: repository.LimitCPUs, Max: 11, Usage: 8, Request: 4}) {
+			t.Fatalf("workers to large: %v; want the cpus limit (11) exceeded by 8 + 4", err)
 		}
 	})
 }
