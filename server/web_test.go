@@ -84,13 +84,28 @@ func screenshot(t *testing.T, ctx context.Context, dir, name string) {
 // page, and returns its value: what a person looking at the page would see.
 func see[T any](t *testing.T, ctx context.Context, what, expr string) T {
 	t.Helper()
-	v, err := chromedp.Run(ctx, chromedp.Poll[T](expr,
-		chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(60*time.Second)))
-	if err != nil {
-		text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
-		t.Fatalf("the page never showed %s: %v\npage text:\n%s", what, err, text)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		v, err := chromedp.Run(ctx, chromedp.Poll[T](expr,
+			chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(time.Until(deadline))))
+		if err == nil {
+			return v
+		}
+		// A page still loading (a navigation, a reload) replaces its
+		// JavaScript context under the poll: poll the new one.
+		if !contextReplaced(err) || time.Now().After(deadline) {
+			text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+			t.Fatalf("the page never showed %s: %v\npage text:\n%s", what, err, text)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	return v
+}
+
+// contextReplaced tells the browser's errors for a JavaScript context that
+// went away under a call (the page navigated or reloaded).
+func contextReplaced(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "Cannot find context with specified id") || strings.Contains(msg, "Execution context was destroyed")
 }
 
 // webSpan is one entry of the timeline as the page shows it.
