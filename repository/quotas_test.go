@@ -39,12 +39,28 @@ func createQuota(ctx context.Context, s *repository.Store, name string, q *repos
 // raceCreates runs 32 creates of one account at once, spread over stores,
 // against a limit of 5 clusters: exactly 5 must be accepted and every other
 // refused with a QuotaExceededError naming the clusters limit. The stores
-// share one database, whose catalog it seeds.
+// share one database (or Galera cluster), whose catalog it seeds and waits
+// to see through every store.
 func raceCreates(t *testing.T, stores []*repository.Store) {
 	t.Helper()
-	repotest.SeedCatalog(t, stores[0])
-	const racers, max = 32, 5
 	ctx := ctxT(t)
+	repotest.SeedCatalog(t, stores[0])
+	// Every store (a Galera node) has the catalog before the race starts.
+	for i, s := range stores[1:] {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			_, verr := s.GetKubernetesVersion(ctx, spec.KubernetesVersion)
+			_, oerr := s.GetServiceOffering(ctx, spec.ServiceOffering)
+			if verr == nil && oerr == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("store %d: the catalog not replicated within 30s: %v, %v", i+1, verr, oerr)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	const racers, max = 32, 5
 	q := quotaOf(repository.Limits{Clusters: limit(max)})
 	errs := make([]error, racers)
 	var wg sync.WaitGroup

@@ -404,6 +404,7 @@ func TestPeerJudgedDeadOnlyAfterAPeerTimeoutOfItsOwnHeartbeats(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer then.Close()
+		repotest.SeedCatalog(t, then)
 		peer, err := then.TakeOverServer(tctx(t), "peer", nil, "elsewhere", 4242)
 		if err != nil {
 			t.Fatal(err)
