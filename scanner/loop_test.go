@@ -121,9 +121,12 @@ func (f *fakeMachines) set(ms ...infra.Machine) {
 }
 
 // recorder is a Recoverer that records each call as "Method cluster".
+// afterOrphan, when set, runs at the end of RecoverOrphan: a recovery job
+// that ends before RecoverOrphan's caller goes on.
 type recorder struct {
-	mu    sync.Mutex
-	calls []string
+	mu          sync.Mutex
+	calls       []string
+	afterOrphan func(repository.Cluster)
 }
 
 func (r *recorder) record(method string, c repository.Cluster) error {
@@ -143,7 +146,11 @@ func (r *recorder) took() []string {
 }
 
 func (r *recorder) RecoverOrphan(_ context.Context, c repository.Cluster, _ repository.Job, _ string) error {
-	return r.record("RecoverOrphan", c)
+	err := r.record("RecoverOrphan", c)
+	if r.afterOrphan != nil {
+		r.afterOrphan(c)
+	}
+	return err
 }
 func (r *recorder) RetryDestroy(_ context.Context, c repository.Cluster, _ string) error {
 	return r.record("RetryDestroy", c)
@@ -241,6 +248,40 @@ func TestObserveReconcilesAtTheNextPass(t *testing.T) {
 	r.pass(t)
 	if calls := r.rec.took(); len(calls) != 0 {
 		t.Errorf("the pass after that: %v; want no call (an observation is used once)", calls)
+	}
+}
+
+// A recovery of an orphaned operation that ends (ALERT, its machines all
+// running) before the same pass reconciles is not recovered again by that
+// pass: the ALERT stays until the next due reconciliation (or the next pass
+// for an observed cluster), not one pass.
+func TestPassReconcilesNoClusterItRecovered(t *testing.T) {
+	orphan := running("o")
+	orphan.State, orphan.CurrentOperation = lifecycle.Scaling, "dead"
+	r := newLoopRig(orphan)
+	r.store.orphans = []repository.Cluster{orphan}
+	r.infra.set(machine("o", infra.PowerRunning))
+	r.rec.afterOrphan = func(c repository.Cluster) {
+		r.store.mu.Lock()
+		defer r.store.mu.Unlock()
+		c.State, c.CurrentOperation = lifecycle.Alert, ""
+		r.store.clusters[c.ID] = c
+		r.store.orphans = nil
+	}
+	r.s.Observe("o")
+	r.pass(t) // the first pass reconciles, as a due one
+	if calls, want := r.rec.took(), []string{"RecoverOrphan o"}; !slices.Equal(calls, want) {
+		t.Fatalf("the pass that recovered o: %v; want %v", calls, want)
+	}
+	r.clock.add(time.Second)
+	r.pass(t)
+	if calls, want := r.rec.took(), []string{"RecoverAlert o"}; !slices.Equal(calls, want) {
+		t.Errorf("the next pass, o observed before: %v; want %v", calls, want)
+	}
+	r.clock.add(time.Second)
+	r.pass(t)
+	if calls := r.rec.took(); len(calls) != 0 {
+		t.Errorf("the pass after that, before reconciliation is due: %v; want no call", calls)
 	}
 }
 

@@ -16,23 +16,24 @@ import (
 // decideOrphan decides. It reads the clusters, then their jobs, and CASes on
 // what it read, so an operation that ends in between makes the write miss.
 // A destroy that failed and released its cluster is retried with backoff,
-// destroyLimit per pass.
-func (s *Scanner) orphans(ctx context.Context, r *Report) {
+// destroyLimit per pass. It returns the clusters it acted on.
+func (s *Scanner) orphans(ctx context.Context, r *Report) (acted map[string]bool) {
 	clusters, jobs, err := s.cfg.Store.Orphans(ctx, orphanLimit)
 	if err != nil {
 		r.fail(fmt.Errorf("orphans: %w", err))
-		return
+		return nil
 	}
 	legacy, err := s.cfg.Store.InProgressJobsWithoutResource(ctx)
 	if err != nil {
 		r.fail(fmt.Errorf("orphans: %w", err))
-		return
+		return nil
 	}
 	all, held := legacyHolds(legacy)
 	if all {
 		r.Skipped = "a running job of an older server names no cluster: recovery leaves every cluster alone"
-		return
+		return nil
 	}
+	acted = map[string]bool{}
 	destroys := 0
 	for _, c := range clusters {
 		a := decideOrphan(c, jobs, held[c.ID])
@@ -46,7 +47,9 @@ func (s *Scanner) orphans(ctx context.Context, r *Report) {
 			destroys++
 		}
 		s.apply(ctx, r, c, a)
+		acted[c.ID] = true
 	}
+	return acted
 }
 
 // destroyDue takes a retry of the cluster's destroy if its backoff allows

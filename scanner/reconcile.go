@@ -72,7 +72,10 @@ func (s *Scanner) sweepAgain() {
 // since the last pass (Observe) and, when due, the next page of
 // reconcilePage. Their machines are listed in one call, after the clusters
 // were read, so what is decided is never older than the record it CASes on.
-func (s *Scanner) reconcile(ctx context.Context, r *Report, due bool) {
+// It leaves alone the clusters in skip, which this pass already acted on:
+// a recovery it started may have ended (ALERT) before the page was read,
+// and a pass acts on a cluster once (an observed one waits for the next).
+func (s *Scanner) reconcile(ctx context.Context, r *Report, due bool, skip map[string]bool) {
 	var clusters []repository.Cluster
 	if due {
 		var err error
@@ -102,6 +105,12 @@ func (s *Scanner) reconcile(ctx context.Context, r *Report, due bool) {
 		byCluster[m.ClusterID] = append(byCluster[m.ClusterID], m)
 	}
 	for _, c := range clusters {
+		if skip[c.ID] {
+			if slices.Contains(observed, c.ID) {
+				s.Observe(c.ID)
+			}
+			continue
+		}
 		if a := decideReconcile(c, byCluster[c.ID]); a.kind != none {
 			s.apply(ctx, r, c, a)
 			r.Reconciled++

@@ -244,14 +244,14 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 		}
 	}
 	s.liveness(ctx, &r)
-	s.orphans(ctx, &r)
+	acted := s.orphans(ctx, &r)
 	s.mu.Lock()
 	due := start.Sub(s.lastReconcile) >= s.cfg.ReconcileInterval
 	if due {
 		s.lastReconcile = start
 	}
 	s.mu.Unlock()
-	s.reconcile(ctx, &r, due)
+	s.reconcile(ctx, &r, due, acted)
 	if due {
 		s.purge(ctx, &r)
 	}
