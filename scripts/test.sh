@@ -92,6 +92,27 @@ else
 	grep -vE '^[[:space:]]*(=== (RUN|PAUSE|CONT|NAME)|--- PASS|--- SKIP|PASS$|time=)' "$log"
 fi
 
+# On a failure, end with what failed, so that the last lines of a long log
+# (all that some CI views keep) name the failed tests, their last message
+# lines and the failed packages.
+if [ "$rc" -ne 0 ]; then
+	echo
+	echo "== failed tests (with the last lines each logged):"
+	awk '
+		/^[[:space:]]*=== (RUN|CONT|NAME)[[:space:]]/ { cur = $3; next }
+		/^[[:space:]]+[^ ]+\.go:[0-9]+: / && cur != "" {
+			n = ++cnt[cur]; buf[cur, n] = $0; next
+		}
+		/^[[:space:]]*--- FAIL: / {
+			print
+			name = $3
+			from = cnt[name] > 4 ? cnt[name] - 3 : 1
+			for (i = from; i <= cnt[name]; i++) print "    " buf[name, i]
+		}
+	' "$log" | head -n 60
+	grep -E '^(FAIL[[:space:]]|panic:|fatal error:|WARNING: DATA RACE)' "$log" | sort | uniq -c | head -n 30
+fi
+
 count() { grep -cE "^[[:space:]]*--- $1: [^ ]+/$2( |/)" "$log"; }
 sqlite_pass=$(count PASS sqlite); mysql_pass=$(count PASS mysql); galera_pass=$(count PASS galera)
 sqlite_fail=$(count FAIL sqlite); mysql_fail=$(count FAIL mysql); galera_fail=$(count FAIL galera)
