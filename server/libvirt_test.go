@@ -343,14 +343,23 @@ func TestLibvirtOrphanMachinesAreRemoved(t *testing.T) {
 			}
 		}
 	}
+	// The scanner records the removal after the machine is gone: wait for
+	// the entry too.
 	var recorded []string
-	for _, e := range fxHistory(t, h, gone.GetName()) {
-		if e.GetEvent() == repository.OrphanMachineRemoved {
-			recorded = append(recorded, e.GetMessage())
-			if e.GetFromState() != clv1.Cluster_DESTROYED || e.GetToState() != clv1.Cluster_DESTROYED {
-				t.Errorf("the removal's history entry moves the cluster: %v -> %v", e.GetFromState(), e.GetToState())
+	for {
+		recorded = recorded[:0]
+		for _, e := range fxHistory(t, h, gone.GetName()) {
+			if e.GetEvent() == repository.OrphanMachineRemoved {
+				recorded = append(recorded, e.GetMessage())
+				if e.GetFromState() != clv1.Cluster_DESTROYED || e.GetToState() != clv1.Cluster_DESTROYED {
+					t.Errorf("the removal's history entry moves the cluster: %v -> %v", e.GetFromState(), e.GetToState())
+				}
 			}
 		}
+		if len(recorded) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if len(recorded) != 1 {
 		t.Errorf("history of the destroyed cluster: %d %s entries %q; want 1", len(recorded), repository.OrphanMachineRemoved, recorded)
