@@ -231,6 +231,44 @@ var versioned = map[State]bool{Running: true, Stopped: true}
 // cluster as STOPPED on nodes the record does not describe.
 func Versioned(s State) bool { return versioned[s] }
 
+// StatusEffect is what a write that moves a cluster into a state does to
+// the cluster's status message, the one line that says why it is not
+// healthy (what reconciliation found, what recovery repaired, why its
+// operation failed): a user reads it next to the state, without walking the
+// history.
+type StatusEffect uint8
+
+const (
+	// StatusKept: the message stays as it was (an operation state: while
+	// a start from ALERT runs, the reason for the ALERT still holds).
+	StatusKept StatusEffect = iota
+	// StatusSet: the write's history message becomes the status message.
+	StatusSet
+	// StatusCleared: the state vouches for the cluster; no message.
+	StatusCleared
+)
+
+// statusEffects lists the states whose entry sets or clears the status
+// message; every other state keeps it.
+var statusEffects = map[State]StatusEffect{
+	Alert:     StatusSet,
+	Error:     StatusSet,
+	Running:   StatusCleared,
+	Stopped:   StatusCleared,
+	Destroyed: StatusCleared,
+}
+
+// StatusOn is what a write that moves a cluster from one state to another
+// does to its status message. Staying in a state keeps the message, so a
+// write that only releases an ALERT cluster does not replace the reason it
+// is ALERT with its own words.
+func StatusOn(from, to State) StatusEffect {
+	if from == to && statusEffects[to] == StatusSet {
+		return StatusKept
+	}
+	return statusEffects[to]
+}
+
 // Decision is the state machine's answer for one write: a cluster in state
 // From receives Event (EventUnspecified: none, the cluster keeps its state)
 // and goes to To. Like raft's Ready, it is computed once, by whoever read the

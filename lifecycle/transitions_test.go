@@ -527,3 +527,29 @@ func TestSettle(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusOn: entering ALERT or ERROR sets the status message, RUNNING,
+// STOPPED and DESTROYED clear it, every other state (the operation states,
+// CREATED) and staying in ALERT or ERROR keeps it; every transition the
+// table has into ALERT or ERROR comes from another state, so each sets it.
+func TestStatusOn(t *testing.T) {
+	for _, from := range States() {
+		for _, to := range States() {
+			want := StatusKept
+			switch {
+			case from != to && (to == Alert || to == Error):
+				want = StatusSet
+			case to == Running || to == Stopped || to == Destroyed:
+				want = StatusCleared
+			}
+			if got := StatusOn(from, to); got != want {
+				t.Errorf("StatusOn(%s, %s) = %d; want %d", from, to, got, want)
+			}
+		}
+	}
+	for m, to := range transitions {
+		if (to == Alert || to == Error) && StatusOn(m.from, to) != StatusSet {
+			t.Errorf("%s --%s--> %s does not set the status message", m.from, m.event, to)
+		}
+	}
+}

@@ -130,7 +130,30 @@ func (t Transition) Apply(c Cluster, now time.Time) Cluster {
 	if c.State == lifecycle.Destroyed {
 		c.DeleteTime = &now
 	}
+	if st, ok := t.status(now); ok {
+		c.Status = st
+	}
 	return c
+}
+
+// maxStatusMessage bounds the status message (the column's width, in
+// characters); the history entry keeps the whole message.
+const maxStatusMessage = 1024
+
+// status is the status message the write leaves (lifecycle.StatusOn), and
+// false when it keeps the one the cluster has.
+func (t Transition) status(now time.Time) (Status, bool) {
+	switch lifecycle.StatusOn(t.Expect.State, t.to()) {
+	case lifecycle.StatusSet:
+		msg := t.Message
+		if r := []rune(msg); len(r) > maxStatusMessage {
+			msg = string(r[:maxStatusMessage-1]) + "…"
+		}
+		return Status{Message: msg, Time: &now}, true
+	case lifecycle.StatusCleared:
+		return Status{}, true
+	}
+	return Status{}, false
 }
 
 // to is the state a decided transition writes (Expect.State otherwise; only
@@ -472,6 +495,10 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 		// Soft delete: keep the row, free the display name for reuse.
 		set += ", delete_time = ?, alive = NULL"
 		args = append(args, now)
+	}
+	if st, ok := t.status(now); ok {
+		set += ", status_message = ?, status_time = ?"
+		args = append(args, st.Message, st.Time)
 	}
 	res := tx.Exec("UPDATE clusters SET "+set+" WHERE id = ? AND state = ? AND version = ? AND current_operation = ?",
 		append(args, t.ClusterID, t.Expect.State.String(), t.Expect.Version, t.Expect.Operation)...)

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -118,6 +120,66 @@ func TestCASHitAndMiss(t *testing.T) {
 		after, _ := s.GetCluster(ctx, c.ID)
 		if after.Expect() != moved.Expect() {
 			t.Errorf("a missed CAS wrote: cluster is %v, was %v", after.Expect(), moved.Expect())
+		}
+	})
+}
+
+// The status message is written by the compare-and-set that moves the
+// cluster: set by the move into ALERT (the history message), kept while an
+// operation runs on the ALERT cluster, cleared by RUNNING; what a write
+// returns is what a read gets.
+func TestStatusMessageFollowsTheState(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		c := running(t, s, "web")
+		if c.Status != (repository.Status{}) {
+			t.Fatalf("a RUNNING cluster's status = %+v; want none", c.Status)
+		}
+		const why = "1 of 3 machines are not in the power state RUNNING wants"
+		write := func(what string, tr repository.Transition) repository.Cluster {
+			t.Helper()
+			tr.ClusterID = c.ID
+			got, err := s.Transition(ctx, tr)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			read, err := s.GetCluster(ctx, c.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Status.Message != read.Status.Message || (got.Status.Time == nil) != (read.Status.Time == nil) ||
+				(got.Status.Time != nil && !got.Status.Time.Equal(*read.Status.Time)) {
+				t.Errorf("%s: the write returned status %+v, a read gets %+v", what, got.Status, read.Status)
+			}
+			c = read
+			return read
+		}
+		alert := write("faults detected", repository.Transition{Expect: c.Expect(), Event: lifecycle.FaultsDetected, Message: why})
+		if alert.State != lifecycle.Alert || alert.Status.Message != why || alert.Status.Time == nil {
+			t.Fatalf("after FAULTS_DETECTED: %s, status %+v; want ALERT, status %q with a time", alert.State, alert.Status, why)
+		}
+		since := *alert.Status.Time
+		starting := write("start from ALERT", repository.Transition{Expect: c.Expect(), Event: lifecycle.StartRequested, Operation: "op-1", Message: "start"})
+		if starting.Status.Message != why || !starting.Status.Time.Equal(since) {
+			t.Errorf("STARTING from ALERT: status %+v; want %q since %v kept", starting.Status, why, since)
+		}
+		failed := write("start failed", repository.Transition{Expect: c.Expect(), Event: lifecycle.OperationFailed, Message: "start failed: machine m1 did not boot"})
+		if failed.State != lifecycle.Alert || failed.Status.Message != "start failed: machine m1 did not boot" {
+			t.Errorf("after the start failed: %s, status %+v; want ALERT with the failure's message", failed.State, failed.Status)
+		}
+		long := strings.Repeat("é", 2000)
+		write("released in place", repository.Transition{Expect: c.Expect(), Message: long})
+		if c.Status.Message != "start failed: machine m1 did not boot" {
+			t.Errorf("a write that stays ALERT replaced the status with %q", c.Status.Message)
+		}
+		write("recovery", repository.Transition{Expect: c.Expect(), Event: lifecycle.RecoveryRequested, Operation: "op-2"})
+		ok := write("recovered", repository.Transition{Expect: c.Expect(), Event: lifecycle.OperationSucceeded})
+		if ok.State != lifecycle.Running || ok.Status != (repository.Status{}) {
+			t.Errorf("RUNNING again: status %+v; want none", ok.Status)
+		}
+		again := write("faults with a long message", repository.Transition{Expect: c.Expect(), Event: lifecycle.FaultsDetected, Message: long})
+		if n := utf8.RuneCountInString(again.Status.Message); n != 1024 || !strings.HasSuffix(again.Status.Message, "…") {
+			t.Errorf("a 2000-character message is kept as %d characters; want 1024, ending …", n)
 		}
 	})
 }

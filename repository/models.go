@@ -23,6 +23,17 @@ type Cluster struct {
 	UpdateTime       time.Time
 	// DeleteTime is set once the cluster is DESTROYED.
 	DeleteTime *time.Time
+	// Status says why the cluster is not healthy (lifecycle.StatusOn):
+	// written with the state, so it never describes another one.
+	Status Status
+}
+
+// Status is a cluster's status message and when it was set: the history
+// message of the write that moved the cluster into ALERT or ERROR. Zero
+// when the cluster is healthy, or was never in trouble.
+type Status struct {
+	Message string
+	Time    *time.Time
 }
 
 // Expect returns what a writer that read c conditions its next write on.
@@ -173,6 +184,8 @@ type clusterRow struct {
 	CreateTime         time.Time
 	UpdateTime         time.Time
 	DeleteTime         *time.Time
+	StatusMessage      string
+	StatusTime         *time.Time
 }
 
 func (clusterRow) TableName() string { return "clusters" }
@@ -267,6 +280,7 @@ func (r *clusterRow) toCluster() (Cluster, error) {
 		CreateTime: r.CreateTime.UTC(),
 		UpdateTime: r.UpdateTime.UTC(),
 		DeleteTime: utcPtr(r.DeleteTime),
+		Status:     Status{Message: r.StatusMessage, Time: utcPtr(r.StatusTime)},
 	}, nil
 }
 

@@ -21,19 +21,20 @@ import (
 const clusterCols = "c.id, c.account, c.display_name, c.alive, c.description, c.state, c.version, " +
 	"c.current_operation, c.kubernetes_version, c.control_node_count, c.worker_node_count, " +
 	"c.service_offering, c.autoscaling_enabled, c.autoscaling_min, c.autoscaling_max, c.endpoint, " +
-	"c.create_time, c.update_time, c.delete_time, c.control_offering"
+	"c.create_time, c.update_time, c.delete_time, c.control_offering, c.status_message, c.status_time"
 
 // scanCluster reads the clusterCols of one row, then extra.
 func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
 	var (
-		r     clusterRow
-		alive sql.NullInt64
-		del   sql.NullTime
+		r      clusterRow
+		alive  sql.NullInt64
+		del    sql.NullTime
+		status sql.NullTime
 	)
 	dest := append([]any{&r.ID, &r.Account, &r.DisplayName, &alive, &r.Description, &r.State, &r.Version,
 		&r.CurrentOperation, &r.KubernetesVersion, &r.ControlNodeCount, &r.WorkerNodeCount,
 		&r.ServiceOffering, &r.AutoscalingEnabled, &r.AutoscalingMin, &r.AutoscalingMax, &r.Endpoint,
-		&r.CreateTime, &r.UpdateTime, &del, &r.ControlOffering}, extra...)
+		&r.CreateTime, &r.UpdateTime, &del, &r.ControlOffering, &r.StatusMessage, &status}, extra...)
 	if err := rows.Scan(dest...); err != nil {
 		return r, err
 	}
@@ -43,6 +44,9 @@ func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
 	}
 	if del.Valid {
 		r.DeleteTime = &del.Time
+	}
+	if status.Valid {
+		r.StatusTime = &status.Time
 	}
 	return r, nil
 }

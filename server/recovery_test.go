@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,6 +73,9 @@ func TestRecovery_CreatedClusterOfADeadServerGoesToError(t *testing.T) {
 		}
 		name := "clusters/" + c.ID
 		h.waitState(t, name, clv1.Cluster_ERROR)
+		if e := fxGet(t, h, name); e.GetStatusMessage() == "" || !strings.HasSuffix(e.GetNextStep(), "you can delete it.") {
+			t.Errorf("ERROR cluster: status %q, next step %q; want why, and that it can only be deleted", e.GetStatusMessage(), e.GetNextStep())
+		}
 		if job, _ := h.seed.GetJob(tctx(t), j.ID); job.Status != repository.JobFailed {
 			t.Errorf("the dead server's create job is %s; want FAILED", job.Status)
 		}
@@ -96,11 +100,23 @@ func TestRecovery_ReconciliationFollowsTheMachines(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.waitState(t, c.GetName(), clv1.Cluster_ALERT)
+		// The cluster says why, and what to do.
+		alert := fxGet(t, h, c.GetName())
+		machineID := strings.TrimPrefix(worker, "machines/")
+		if msg := alert.GetStatusMessage(); !strings.Contains(msg, "machine "+machineID+" is STOPPED") || alert.GetStatusTime() == nil {
+			t.Errorf("ALERT cluster: status %q at %v; want it to name machine %s STOPPED, with a time", msg, alert.GetStatusTime(), machineID)
+		}
+		if !strings.Contains(alert.GetNextStep(), "back to RUNNING by itself") || !strings.Contains(alert.GetNextStep(), "delete") {
+			t.Errorf("ALERT cluster: next step %q; want what clusterd does and what the owner can do", alert.GetNextStep())
+		}
 		// It comes back: ALERT -> RECOVERING -> RUNNING.
 		if _, err := h.clients.sim.SetMachinePower(tctx(t), &clv1.SetMachinePowerRequest{Name: worker, Power: clv1.Node_RUNNING}); err != nil {
 			t.Fatal(err)
 		}
 		h.waitState(t, c.GetName(), clv1.Cluster_RUNNING)
+		if back := fxGet(t, h, c.GetName()); back.GetStatusMessage() != "" || back.GetStatusTime() != nil || back.GetNextStep() != "" {
+			t.Errorf("RUNNING again: status %q at %v, next step %q; want none", back.GetStatusMessage(), back.GetStatusTime(), back.GetNextStep())
+		}
 		hist := h.historyNames(t, c.GetName())
 		want := []string{"FAULTS_DETECTED", "RECOVERY_REQUESTED", "OPERATION_SUCCEEDED"}
 		if got := hist[len(hist)-3:]; !slices.Equal(got, want) {

@@ -273,6 +273,23 @@ func TestWebView(t *testing.T) {
 		 document.querySelector('#timeline > li').dataset.result === 'succeeded'`)
 	screenshot(t, ctx, dir, "cluster-after.png")
 
+	// A machine stops: the page says why the cluster is ALERT and what to
+	// do, from the cluster's status.
+	got := fxGet(t, h, c.GetName())
+	stopped := got.GetNodes()[len(got.GetNodes())-1].GetName()
+	if _, err := h.clients.sim.SetMachinePower(tctx(t), &clv1.SetMachinePowerRequest{Name: stopped, Power: clv1.Node_STOPPED}); err != nil {
+		t.Fatal(err)
+	}
+	status := see[string](t, ctx, "why the cluster is ALERT",
+		`(() => { const b = document.querySelector('#status');
+		   return document.querySelector('#cluster .state').innerText === 'ALERT' && b && b.innerText; })()`)
+	for _, want := range []string{"Why:", "machine " + strings.TrimPrefix(stopped, "machines/") + " is STOPPED", "Next step:", "back to RUNNING by itself"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("the status box says %q; want %q in it", status, want)
+		}
+	}
+	screenshot(t, ctx, dir, "cluster-alert.png")
+
 	// Development mode (another server, another origin): no token needed.
 	dev := start(t, repotest.Backends(t)[0])
 	dev.create(t, "dev", 1)

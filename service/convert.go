@@ -90,6 +90,11 @@ func toCluster(c repository.Cluster) *clv1.Cluster {
 		Etag:              etag(c),
 		CreateTime:        timestamppb.New(c.CreateTime),
 		UpdateTime:        timestamppb.New(c.UpdateTime),
+		StatusMessage:     c.Status.Message,
+		NextStep:          nextStep(c.State),
+	}
+	if c.Status.Time != nil {
+		out.StatusTime = timestamppb.New(*c.Status.Time)
 	}
 	if a := c.Spec.Autoscaling; a != (repository.Autoscaling{}) {
 		out.Autoscaling = &clv1.Autoscaling{Enabled: a.Enabled, MinSize: a.MinSize, MaxSize: a.MaxSize}

@@ -280,8 +280,19 @@ type Cluster struct {
 	// The service offering of the control nodes; empty on create means
 	// service_offering. Get and List return the offering they have.
 	ControlOffering string `protobuf:"bytes,17,opt,name=control_offering,json=controlOffering,proto3" json:"control_offering,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Why the cluster is not healthy, in one line: what reconciliation found
+	// (a machine stopped, a node not joined, nodes on another Kubernetes
+	// version), what recovery repaired, or why its last operation failed. Set
+	// when the cluster goes to ALERT or ERROR, kept while an operation runs on
+	// it, cleared when it is RUNNING or STOPPED again.
+	StatusMessage string `protobuf:"bytes,18,opt,name=status_message,json=statusMessage,proto3" json:"status_message,omitempty"`
+	// When status_message was set.
+	StatusTime *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=status_time,json=statusTime,proto3" json:"status_time,omitempty"`
+	// What to do about the cluster's state, for a person: set for ALERT and
+	// ERROR clusters.
+	NextStep      string `protobuf:"bytes,20,opt,name=next_step,json=nextStep,proto3" json:"next_step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Cluster) Reset() {
@@ -429,6 +440,27 @@ func (x *Cluster) GetUpdateTime() *timestamppb.Timestamp {
 func (x *Cluster) GetControlOffering() string {
 	if x != nil {
 		return x.ControlOffering
+	}
+	return ""
+}
+
+func (x *Cluster) GetStatusMessage() string {
+	if x != nil {
+		return x.StatusMessage
+	}
+	return ""
+}
+
+func (x *Cluster) GetStatusTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StatusTime
+	}
+	return nil
+}
+
+func (x *Cluster) GetNextStep() string {
+	if x != nil {
+		return x.NextStep
 	}
 	return ""
 }
@@ -1790,7 +1822,8 @@ var File_clusterlifecycle_v1_clusterlifecycle_proto protoreflect.FileDescriptor
 
 const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\n" +
-	"*clusterlifecycle/v1/clusterlifecycle.proto\x12\x13clusterlifecycle.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x17google/api/client.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a#google/longrunning/operations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\x8e\t\n" +
+	"*clusterlifecycle/v1/clusterlifecycle.proto\x12\x13clusterlifecycle.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x17google/api/client.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a#google/longrunning/operations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\x9e\n" +
+	"\n" +
 	"\aCluster\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\bR\x04name\x12&\n" +
 	"\fdisplay_name\x18\x02 \x01(\tB\x03\xe0A\x02R\vdisplayName\x12%\n" +
@@ -1811,7 +1844,11 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"createTime\x12@\n" +
 	"\vupdate_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\n" +
 	"updateTime\x12.\n" +
-	"\x10control_offering\x18\x11 \x01(\tB\x03\xe0A\x01R\x0fcontrolOffering\"\x82\x02\n" +
+	"\x10control_offering\x18\x11 \x01(\tB\x03\xe0A\x01R\x0fcontrolOffering\x12*\n" +
+	"\x0estatus_message\x18\x12 \x01(\tB\x03\xe0A\x03R\rstatusMessage\x12@\n" +
+	"\vstatus_time\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\n" +
+	"statusTime\x12 \n" +
+	"\tnext_step\x18\x14 \x01(\tB\x03\xe0A\x03R\bnextStep\"\x82\x02\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\f\n" +
@@ -2071,46 +2108,47 @@ var file_clusterlifecycle_v1_clusterlifecycle_proto_depIdxs = []int32{
 	5,  // 2: clusterlifecycle.v1.Cluster.nodes:type_name -> clusterlifecycle.v1.Node
 	23, // 3: clusterlifecycle.v1.Cluster.create_time:type_name -> google.protobuf.Timestamp
 	23, // 4: clusterlifecycle.v1.Cluster.update_time:type_name -> google.protobuf.Timestamp
-	1,  // 5: clusterlifecycle.v1.Node.role:type_name -> clusterlifecycle.v1.Node.Role
-	2,  // 6: clusterlifecycle.v1.Node.power:type_name -> clusterlifecycle.v1.Node.Power
-	23, // 7: clusterlifecycle.v1.OperationMetadata.create_time:type_name -> google.protobuf.Timestamp
-	23, // 8: clusterlifecycle.v1.OperationMetadata.end_time:type_name -> google.protobuf.Timestamp
-	3,  // 9: clusterlifecycle.v1.CreateClusterRequest.cluster:type_name -> clusterlifecycle.v1.Cluster
-	3,  // 10: clusterlifecycle.v1.ListClustersResponse.clusters:type_name -> clusterlifecycle.v1.Cluster
-	4,  // 11: clusterlifecycle.v1.ScaleClusterRequest.autoscaling:type_name -> clusterlifecycle.v1.Autoscaling
-	23, // 12: clusterlifecycle.v1.ClusterEvent.time:type_name -> google.protobuf.Timestamp
-	0,  // 13: clusterlifecycle.v1.ClusterEvent.from_state:type_name -> clusterlifecycle.v1.Cluster.State
-	0,  // 14: clusterlifecycle.v1.ClusterEvent.to_state:type_name -> clusterlifecycle.v1.Cluster.State
-	18, // 15: clusterlifecycle.v1.ListClusterEventsResponse.events:type_name -> clusterlifecycle.v1.ClusterEvent
-	7,  // 16: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:input_type -> clusterlifecycle.v1.CreateClusterRequest
-	8,  // 17: clusterlifecycle.v1.ClusterLifecycle.GetCluster:input_type -> clusterlifecycle.v1.GetClusterRequest
-	9,  // 18: clusterlifecycle.v1.ClusterLifecycle.ListClusters:input_type -> clusterlifecycle.v1.ListClustersRequest
-	11, // 19: clusterlifecycle.v1.ClusterLifecycle.StartCluster:input_type -> clusterlifecycle.v1.StartClusterRequest
-	12, // 20: clusterlifecycle.v1.ClusterLifecycle.StopCluster:input_type -> clusterlifecycle.v1.StopClusterRequest
-	13, // 21: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:input_type -> clusterlifecycle.v1.ScaleClusterRequest
-	14, // 22: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:input_type -> clusterlifecycle.v1.UpgradeClusterRequest
-	15, // 23: clusterlifecycle.v1.ClusterLifecycle.AddNodes:input_type -> clusterlifecycle.v1.AddNodesRequest
-	16, // 24: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:input_type -> clusterlifecycle.v1.RemoveNodesRequest
-	17, // 25: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:input_type -> clusterlifecycle.v1.DeleteClusterRequest
-	19, // 26: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:input_type -> clusterlifecycle.v1.ListClusterEventsRequest
-	21, // 27: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:input_type -> clusterlifecycle.v1.GetKubeconfigRequest
-	24, // 28: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:output_type -> google.longrunning.Operation
-	3,  // 29: clusterlifecycle.v1.ClusterLifecycle.GetCluster:output_type -> clusterlifecycle.v1.Cluster
-	10, // 30: clusterlifecycle.v1.ClusterLifecycle.ListClusters:output_type -> clusterlifecycle.v1.ListClustersResponse
-	24, // 31: clusterlifecycle.v1.ClusterLifecycle.StartCluster:output_type -> google.longrunning.Operation
-	24, // 32: clusterlifecycle.v1.ClusterLifecycle.StopCluster:output_type -> google.longrunning.Operation
-	24, // 33: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:output_type -> google.longrunning.Operation
-	24, // 34: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:output_type -> google.longrunning.Operation
-	24, // 35: clusterlifecycle.v1.ClusterLifecycle.AddNodes:output_type -> google.longrunning.Operation
-	24, // 36: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:output_type -> google.longrunning.Operation
-	24, // 37: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:output_type -> google.longrunning.Operation
-	20, // 38: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:output_type -> clusterlifecycle.v1.ListClusterEventsResponse
-	22, // 39: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:output_type -> clusterlifecycle.v1.Kubeconfig
-	28, // [28:40] is the sub-list for method output_type
-	16, // [16:28] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	23, // 5: clusterlifecycle.v1.Cluster.status_time:type_name -> google.protobuf.Timestamp
+	1,  // 6: clusterlifecycle.v1.Node.role:type_name -> clusterlifecycle.v1.Node.Role
+	2,  // 7: clusterlifecycle.v1.Node.power:type_name -> clusterlifecycle.v1.Node.Power
+	23, // 8: clusterlifecycle.v1.OperationMetadata.create_time:type_name -> google.protobuf.Timestamp
+	23, // 9: clusterlifecycle.v1.OperationMetadata.end_time:type_name -> google.protobuf.Timestamp
+	3,  // 10: clusterlifecycle.v1.CreateClusterRequest.cluster:type_name -> clusterlifecycle.v1.Cluster
+	3,  // 11: clusterlifecycle.v1.ListClustersResponse.clusters:type_name -> clusterlifecycle.v1.Cluster
+	4,  // 12: clusterlifecycle.v1.ScaleClusterRequest.autoscaling:type_name -> clusterlifecycle.v1.Autoscaling
+	23, // 13: clusterlifecycle.v1.ClusterEvent.time:type_name -> google.protobuf.Timestamp
+	0,  // 14: clusterlifecycle.v1.ClusterEvent.from_state:type_name -> clusterlifecycle.v1.Cluster.State
+	0,  // 15: clusterlifecycle.v1.ClusterEvent.to_state:type_name -> clusterlifecycle.v1.Cluster.State
+	18, // 16: clusterlifecycle.v1.ListClusterEventsResponse.events:type_name -> clusterlifecycle.v1.ClusterEvent
+	7,  // 17: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:input_type -> clusterlifecycle.v1.CreateClusterRequest
+	8,  // 18: clusterlifecycle.v1.ClusterLifecycle.GetCluster:input_type -> clusterlifecycle.v1.GetClusterRequest
+	9,  // 19: clusterlifecycle.v1.ClusterLifecycle.ListClusters:input_type -> clusterlifecycle.v1.ListClustersRequest
+	11, // 20: clusterlifecycle.v1.ClusterLifecycle.StartCluster:input_type -> clusterlifecycle.v1.StartClusterRequest
+	12, // 21: clusterlifecycle.v1.ClusterLifecycle.StopCluster:input_type -> clusterlifecycle.v1.StopClusterRequest
+	13, // 22: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:input_type -> clusterlifecycle.v1.ScaleClusterRequest
+	14, // 23: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:input_type -> clusterlifecycle.v1.UpgradeClusterRequest
+	15, // 24: clusterlifecycle.v1.ClusterLifecycle.AddNodes:input_type -> clusterlifecycle.v1.AddNodesRequest
+	16, // 25: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:input_type -> clusterlifecycle.v1.RemoveNodesRequest
+	17, // 26: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:input_type -> clusterlifecycle.v1.DeleteClusterRequest
+	19, // 27: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:input_type -> clusterlifecycle.v1.ListClusterEventsRequest
+	21, // 28: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:input_type -> clusterlifecycle.v1.GetKubeconfigRequest
+	24, // 29: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:output_type -> google.longrunning.Operation
+	3,  // 30: clusterlifecycle.v1.ClusterLifecycle.GetCluster:output_type -> clusterlifecycle.v1.Cluster
+	10, // 31: clusterlifecycle.v1.ClusterLifecycle.ListClusters:output_type -> clusterlifecycle.v1.ListClustersResponse
+	24, // 32: clusterlifecycle.v1.ClusterLifecycle.StartCluster:output_type -> google.longrunning.Operation
+	24, // 33: clusterlifecycle.v1.ClusterLifecycle.StopCluster:output_type -> google.longrunning.Operation
+	24, // 34: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:output_type -> google.longrunning.Operation
+	24, // 35: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:output_type -> google.longrunning.Operation
+	24, // 36: clusterlifecycle.v1.ClusterLifecycle.AddNodes:output_type -> google.longrunning.Operation
+	24, // 37: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:output_type -> google.longrunning.Operation
+	24, // 38: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:output_type -> google.longrunning.Operation
+	20, // 39: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:output_type -> clusterlifecycle.v1.ListClusterEventsResponse
+	22, // 40: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:output_type -> clusterlifecycle.v1.Kubeconfig
+	29, // [29:41] is the sub-list for method output_type
+	17, // [17:29] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_clusterlifecycle_v1_clusterlifecycle_proto_init() }
