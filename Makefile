@@ -19,7 +19,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/clusterd/clusterd/version.version=$(VERSION) -X github.com/clusterd/clusterd/version.commit=$(COMMIT)
 
-.PHONY: all tools generate check-generated lint build run test fuzz chaos chaos-galera mariadb chromium libvirt openapi-validator bench bench-vms clean clients node-image node-image-or-skip
+.PHONY: all tools generate check-generated lint build run test fuzz screenshots chaos chaos-galera mariadb chromium libvirt openapi-validator bench bench-vms clean clients node-image node-image-or-skip
 
 all: lint build test
 
@@ -82,6 +82,11 @@ mariadb:
 ## chromium: install Debian's chromium if missing (the web view's browser test).
 chromium:
 	@bash scripts/chromium.sh || echo "make test: chromium could not be installed; the web view's browser test will be skipped (or fail under CI)" >&2
+
+## screenshots: run the web view's browser tests with their screenshots
+## going to docs/web/ (each page: the list, a cluster's page, the operations).
+screenshots: chromium
+	CLUSTERD_TEST_ARTIFACTS=$(CURDIR)/docs go test -count=1 -run 'TestWebView$$|TestWebActionsAndOperations$$' ./server/
 
 ## libvirt: install libvirt, QEMU, qemu-img and xorriso if missing and start
 ## virtlogd and libvirtd without systemd (libvirt's default network stays

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -303,5 +304,145 @@ func TestWebView(t *testing.T) {
 	defer console.Unlock()
 	for _, m := range console.bad {
 		t.Errorf("browser console: %s", m)
+	}
+}
+
+// click clicks the element from within the page (the page redraws every
+// second, so a node found by the browser protocol may be gone by the click).
+func click(t *testing.T, ctx context.Context, selector string) {
+	t.Helper()
+	see[bool](t, ctx, "a "+selector+" to click", `!!document.querySelector('`+selector+`')`)
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(document.querySelector('`+selector+`').click(), true)`)); err != nil {
+		t.Fatalf("click %s: %v", selector, err)
+	}
+}
+
+// TestWebActionsAndOperations drives a cluster from its page in headless
+// Chromium, as its owner would: every action asks first (and "Keep as is"
+// does nothing), then stop, start, a scale to 2 workers held at join_node
+// and its cancellation; then the operations page lists the failed
+// operation first, with its whole error, and filters by verb and state.
+// Screenshots go to test-artifacts/web/.
+func TestWebActionsAndOperations(t *testing.T) {
+	ctx := browser(t)
+	dir := artifacts(t)
+	h := start(t, repotest.Backends(t)[0], withTokens(t), busyScanner)
+	c := h.create(t, "web", 1)
+	ops := func() int {
+		t.Helper()
+		l, err := h.clients.ops.ListOperations(tctx(t), &longrunningpb.ListOperationsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(l.GetOperations())
+	}
+	// A failed scale, for the operations page.
+	if _, err := h.clients.sim.InjectFault(tctx(t), &clv1.InjectFaultRequest{Fault: &clv1.Fault{
+		Step: "provision_machine", Mode: clv1.Fault_FAIL, Cluster: c.GetName(), Count: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	three := int32(3)
+	failing, err := h.clients.clusters.ScaleCluster(tctx(t), &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: &three})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done := h.wait(t, failing); done.GetError() == nil {
+		t.Fatalf("the scale with a failing provision_machine succeeded")
+	}
+	h.waitState(t, c.GetName(), clv1.Cluster_RUNNING) // ALERT, recovered by the scanner
+	before := ops()
+
+	if err := chromedp.Do(ctx, chromedp.Navigate(h.base+"/#/clusters/"+strings.TrimPrefix(c.GetName(), "clusters/"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#token"), tokenAdmin), chromedp.Click(chromedp.CSS("#use-token"))); err != nil {
+		t.Fatal(err)
+	}
+	see[bool](t, ctx, "the cluster's page, RUNNING", `document.querySelector('#cluster .state') && document.querySelector('#cluster .state').innerText === 'RUNNING'`)
+
+	// Asked, then kept as is: nothing is requested.
+	click(t, ctx, "#action-stop")
+	if q := see[string](t, ctx, "the stop's confirmation", `(() => { const d = document.querySelector('#confirm'); return d && d.innerText; })()`); !strings.Contains(q, "Stop web") {
+		t.Errorf("the confirmation says %q; want it to name the action and the cluster", q)
+	}
+	click(t, ctx, "#confirm-no")
+	see[bool](t, ctx, "the confirmation closed", `!document.querySelector('#confirm')`)
+	if n := ops(); n != before {
+		t.Errorf("after 'Keep as is' there are %d operations; want %d (nothing requested)", n, before)
+	}
+
+	// Stop, then start, each confirmed.
+	for _, step := range []struct {
+		button string
+		want   clv1.Cluster_State
+	}{{"#action-stop", clv1.Cluster_STOPPED}, {"#action-start", clv1.Cluster_RUNNING}} {
+		click(t, ctx, step.button)
+		click(t, ctx, "#confirm-yes")
+		if n := see[string](t, ctx, "the notice of "+step.button, `(() => { const n = document.querySelector('#notice'); return n && n.innerText; })()`); !strings.Contains(n, "requested: operations/") {
+			t.Errorf("after %s the page says %q; want the operation requested", step.button, n)
+		}
+		h.waitState(t, c.GetName(), step.want)
+	}
+
+	// Scale to 2, held at join_node; then cancel it from the page.
+	if _, err := h.clients.sim.InjectFault(tctx(t), &clv1.InjectFaultRequest{Fault: &clv1.Fault{Step: "join_node", Mode: clv1.Fault_HOLD, Cluster: c.GetName()}}); err != nil {
+		t.Fatal(err)
+	}
+	see[bool](t, ctx, "the page RUNNING again", `document.querySelector('#cluster .state').innerText === 'RUNNING' && !!document.querySelector('#action-scale')`)
+	click(t, ctx, "#action-scale")
+	if n := see[string](t, ctx, "the scale's confirmation with the workers now", `(() => { const i = document.querySelector('#scale-workers'); return i && i.value; })()`); n != "1" {
+		t.Errorf("the scale's confirmation starts at %s workers; want the cluster's 1", n)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(document.querySelector('#scale-workers').value = '2', true)`)); err != nil {
+		t.Fatal(err)
+	}
+	screenshot(t, ctx, dir, "cluster-confirm.png")
+	click(t, ctx, "#confirm-yes")
+	see[bool](t, ctx, "the scale running, with a cancel button",
+		`document.querySelector('#cluster .state').innerText === 'SCALING' && !!document.querySelector('#action-cancel')`)
+	if got := fxGet(t, h, c.GetName()); got.GetWorkerNodeCount() != 1 || got.GetCurrentOperation() == "" {
+		t.Errorf("while the scale runs: %d workers recorded, operation %q; want 1 and the scale", got.GetWorkerNodeCount(), got.GetCurrentOperation())
+	}
+	scaleOp := fxGet(t, h, c.GetName()).GetCurrentOperation()
+	click(t, ctx, "#action-cancel")
+	click(t, ctx, "#confirm-yes")
+	see[bool](t, ctx, "the cancellation requested", `(() => { const n = document.querySelector('#notice'); return !!n && n.innerText.includes('cancellation requested'); })()`)
+	if _, err := h.clients.sim.ClearFaults(tctx(t), &clv1.ClearFaultsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	done := h.wait(t, &longrunningpb.Operation{Name: scaleOp})
+	if done.GetError().GetCode() != 1 {
+		t.Errorf("the scale cancelled from the page ended %v; want CANCELLED", done.GetError())
+	}
+
+	// The operations page: the failed scale first, with its whole error.
+	if err := chromedp.Do(ctx, chromedp.Navigate(h.base+"/#/operations")); err != nil {
+		t.Fatal(err)
+	}
+	first := see[map[string]any](t, ctx, "the operations, failed first",
+		`(() => { const r = document.querySelector('#operations tbody tr'); return r && {op: r.dataset.operation, result: r.dataset.result, text: r.innerText}; })()`)
+	if first["op"] != failing.GetName() || first["result"] != "failed" {
+		t.Errorf("the first operation listed is %v; want the failed scale %s", first, failing.GetName())
+	}
+	if text, _ := first["text"].(string); !strings.Contains(text, "provision_machine") || !strings.Contains(text, "web") {
+		t.Errorf("the failed scale's row says %q; want its error (provision_machine) and the cluster's name", text)
+	}
+	screenshot(t, ctx, dir, "operations.png")
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](
+		`(() => { document.querySelector('#operations').dataset.stale = '1';
+		   const s = document.querySelector('#filter-verb'); s.value = 'scale'; s.dispatchEvent(new Event('change')); return true; })()`)); err != nil {
+		t.Fatal(err)
+	}
+	verbs := see[[]string](t, ctx, "the page redrawn for the verb scale", `(() => { const table = document.querySelector('#operations');
+		 if (!table || table.dataset.stale || !location.hash.includes('verb=scale')) return false;
+		 const rows = [...table.querySelectorAll('tbody tr')];
+		 return rows.map(r => r.querySelector('.verb').innerText + ' ' + r.dataset.result); })()`)
+	if !slices.Equal(verbs, []string{"scale failed", "scale cancelled"}) {
+		t.Errorf("filtered by verb scale: %v; want the failed scale, then the cancelled one", verbs)
+	}
+	for _, v := range verbs {
+		if !strings.HasPrefix(v, "scale ") {
+			t.Errorf("filtered by verb scale, the page lists %q", v)
+		}
 	}
 }

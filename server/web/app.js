@@ -1,8 +1,10 @@
 // clusterd's web view: the clusters with their state and current operation,
-// and per cluster its nodes and the timeline of who held it when. It only
-// reads the REST API (GET /v1/...), with the bearer token the viewer typed
-// (kept in sessionStorage, so it ends with the tab) or with nothing in
-// development mode, and redraws every second while the page is visible.
+// per cluster its nodes, the timeline of who held it when and its actions
+// (start, stop, scale, cancel the running operation, each confirmed first),
+// and the operations with their errors. It calls the REST API (/v1/...)
+// with the bearer token the viewer typed (kept in sessionStorage, so it
+// ends with the tab) or with nothing in development mode, and redraws every
+// second while the page is visible and no confirmation is open.
 'use strict';
 
 const TOKEN_KEY = 'clusterd.token';
@@ -20,11 +22,17 @@ class ApiError extends Error {
   }
 }
 
-async function api(path) {
+async function api(path, payload) {
   const headers = { Accept: 'application/json' };
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers.Authorization = 'Bearer ' + token;
-  const resp = await fetch(path, { headers, cache: 'no-store' });
+  const init = { headers, cache: 'no-store' };
+  if (payload !== undefined) {
+    init.method = 'POST';
+    headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(payload);
+  }
+  const resp = await fetch(path, init);
   const body = await resp.json().catch(() => ({}));
   if (!resp.ok) throw new ApiError(resp.status, body);
   return body;
@@ -248,6 +256,81 @@ function timeline(list) {
   }));
 }
 
+// pending is the action waiting for its confirmation ({what, cluster, kind,
+// run}); while it is open the page does not redraw under the person.
+// notice is what the last action did, shown until the next one.
+let pending = null;
+let notice = null;
+
+function button(attrs, text, onClick) {
+  const b = el('button', Object.assign({ type: 'button' }, attrs), text);
+  b.addEventListener('click', onClick);
+  return b;
+}
+
+function ask(action) {
+  pending = action;
+  notice = null;
+  refresh();
+}
+
+async function confirmPending() {
+  const action = pending;
+  if (!action) return;
+  const input = document.getElementById('scale-workers');
+  try {
+    const op = await action.run(input ? Number(input.value) : undefined);
+    notice = { cluster: action.cluster, text: action.done + (op && op.name ? ': ' + op.name : '') };
+  } catch (err) {
+    notice = { cluster: action.cluster, text: action.what + ' was refused: ' + (err.reason ? err.reason + ': ' : '') + err.message, bad: true };
+  }
+  pending = null;
+  refresh();
+}
+
+// actions are what the cluster's owner can ask of it from its page: cancel
+// the running operation, or start, stop or scale it. The server decides
+// (its refusals are shown); each asks for a confirmation first, and sends
+// the etag of the cluster shown, so it acts only on what the person saw.
+function actions(c, current) {
+  const name = c.name;
+  const post = (suffix, body) => api('/v1/' + name + ':' + suffix, Object.assign({ requestId: crypto.randomUUID(), etag: c.etag }, body));
+  const list = [];
+  if (c.currentOperation) {
+    const what = 'Cancel ' + (current && current.metadata ? current.metadata.verb + ' ' : '') + c.currentOperation;
+    list.push(button({ id: 'action-cancel', class: 'action' }, 'Cancel operation', () => ask({
+      cluster: name, kind: 'cancel', what, done: 'cancellation requested',
+      run: () => api('/v1/' + c.currentOperation + ':cancel', {}),
+    })));
+  } else {
+    list.push(button({ id: 'action-start', class: 'action' }, 'Start', () => ask({
+      cluster: name, kind: 'start', what: 'Start ' + c.displayName, done: 'start requested', run: () => post('start', {}),
+    })));
+    list.push(button({ id: 'action-stop', class: 'action' }, 'Stop', () => ask({
+      cluster: name, kind: 'stop', what: 'Stop ' + c.displayName + ' (its machines are powered off)', done: 'stop requested',
+      run: () => post('stop', {}),
+    })));
+    list.push(button({ id: 'action-scale', class: 'action' }, 'Scale…', () => ask({
+      cluster: name, kind: 'scale', what: 'Scale ' + c.displayName + ' to this many workers', done: 'scale requested',
+      workers: c.workerNodeCount || 0, run: (n) => post('scale', { workerNodeCount: n }),
+    })));
+  }
+  const box = [];
+  if (pending && pending.cluster === name) {
+    box.push(el('div', { class: 'confirm', id: 'confirm', role: 'dialog', 'aria-label': 'confirm ' + pending.kind },
+      el('p', {}, pending.what + '?'),
+      pending.kind === 'scale' ? el('p', {}, el('label', { for: 'scale-workers' }, 'Workers '),
+        el('input', { id: 'scale-workers', type: 'number', min: 0, value: pending.workers })) : null,
+      button({ id: 'confirm-yes', class: 'action danger' }, 'Confirm', confirmPending),
+      ' ',
+      button({ id: 'confirm-no', class: 'action' }, 'Keep as is', () => { pending = null; refresh(); })));
+  }
+  if (notice && notice.cluster === name) {
+    box.push(el('p', { id: 'notice', class: notice.bad ? 'notice bad' : 'notice' }, notice.text));
+  }
+  return el('div', { class: 'actions', id: 'actions' }, list, box);
+}
+
 async function clusterView(id) {
   const name = 'clusters/' + id;
   const [c, events, ops] = await Promise.all([
@@ -266,6 +349,7 @@ async function clusterView(id) {
       c.statusMessage ? el('p', {}, el('strong', {}, 'Why: '), c.statusMessage,
         c.statusTime ? el('span', { class: 'muted' }, ' (' + when(c.statusTime) + ')') : '') : '',
       c.nextStep ? el('p', {}, el('strong', {}, 'Next step: '), c.nextStep) : '') : '',
+    actions(c, current),
     el('div', { class: 'cards' },
       card('Name', el('span', { class: 'mono' }, c.name)),
       card('Account', c.account),
@@ -287,13 +371,97 @@ async function clusterView(id) {
   ];
 }
 
+// opResult is an operation's outcome as the operations page filters it.
+function opResult(op) {
+  if (!op.done) return 'running';
+  if (op.error) return op.error.code === 1 ? 'cancelled' : 'failed';
+  return 'succeeded';
+}
+
+const RESULT_ORDER = { failed: 0, running: 1, cancelled: 2, succeeded: 3 };
+const VERBS = ['create', 'start', 'stop', 'scale', 'upgrade', 'add_nodes', 'remove_nodes', 'delete', 'recover'];
+// LONG_MS marks a running operation that has held its cluster this long.
+const LONG_MS = 10 * 60 * 1000;
+
+function errorReason(err) {
+  const info = (err.details || []).find((d) => d['@type'] === 'type.googleapis.com/google.rpc.ErrorInfo');
+  return info ? info.reason : '';
+}
+
+// operationsView lists the operations the viewer may read, failed first
+// (then running, cancelled, succeeded; newest first within each), filtered
+// by the hash's state, verb, cluster and account, with each failure's whole
+// error.
+async function operationsView(filter) {
+  const [ops, clusters] = await Promise.all([all('/v1/operations', 'operations'), all('/v1/clusters', 'clusters')]);
+  const byName = Object.fromEntries(clusters.map((c) => [c.name, c]));
+  const accounts = [...new Set(clusters.map((c) => c.account))].sort();
+  const rows = ops.map((op) => {
+    const md = op.metadata || {};
+    const c = byName[md.cluster] || {};
+    return { op, md, cluster: c, result: opResult(op), account: c.account || '', start: Date.parse(md.createTime || 0) || 0 };
+  }).filter((r) => (!filter.state || r.result === filter.state) && (!filter.verb || r.md.verb === filter.verb) &&
+    (!filter.cluster || r.md.cluster === filter.cluster || r.cluster.displayName === filter.cluster) &&
+    (!filter.account || r.account === filter.account));
+  rows.sort((a, b) => (RESULT_ORDER[a.result] - RESULT_ORDER[b.result]) || (b.start - a.start));
+  const select = (key, label, values) => {
+    const sel = el('select', { id: 'filter-' + key, 'aria-label': label },
+      el('option', { value: '' }, 'any ' + label), values.map((v) => el('option', { value: v, selected: filter[key] === v }, v)));
+    sel.addEventListener('change', () => setFilter(key, sel.value));
+    return sel;
+  };
+  const clusterNames = [...new Set(ops.map((op) => (op.metadata || {}).cluster).filter(Boolean))]
+    .map((n) => (byName[n] && byName[n].displayName) || n).sort();
+  const now = Date.now();
+  return [
+    el('h1', {}, 'Operations ', el('span', { class: 'muted' }, '(' + rows.length + ' of ' + ops.length + ')')),
+    el('div', { class: 'filters', id: 'filters' },
+      select('state', 'state', ['failed', 'running', 'cancelled', 'succeeded']), ' ',
+      select('verb', 'verb', VERBS), ' ',
+      select('cluster', 'cluster', clusterNames), ' ',
+      select('account', 'account', accounts)),
+    rows.length === 0 ? el('p', { class: 'muted' }, 'No operations match.') :
+      el('table', { id: 'operations' },
+        el('thead', {}, el('tr', {}, ['Operation', 'Cluster', 'Account', 'Result', 'Started', 'Took', 'Error or progress'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, rows.map((r) => {
+          const end = r.md.endTime ? Date.parse(r.md.endTime) : now;
+          const long = r.result === 'running' && now - r.start > LONG_MS;
+          const id = idOf(r.md.cluster);
+          return el('tr', { 'data-operation': r.op.name, 'data-result': r.result },
+            el('td', {}, el('span', { class: 'verb' }, r.md.verb || 'operation'), el('div', { class: 'mono muted' }, r.op.name)),
+            el('td', {}, UUID.test(id) ? el('a', { href: '#/clusters/' + id }, r.cluster.displayName || r.md.cluster) : (r.md.cluster || '')),
+            el('td', {}, r.account),
+            el('td', {}, el('span', { class: 'result ' + r.result }, r.result), long ? el('span', { class: 'mark long' }, 'held for long') : null),
+            el('td', { class: 'muted' }, when(r.md.createTime)),
+            el('td', { class: 'muted' }, r.start ? duration(end - r.start) : ''),
+            el('td', { class: 'error' }, r.op.error ? [errorReason(r.op.error) ? el('b', {}, errorReason(r.op.error) + ': ') : null, r.op.error.message] :
+              (r.result === 'running' ? progress(r.op, false) : '')));
+        }))),
+  ];
+}
+
+function parseFilter(query) {
+  const q = new URLSearchParams(query || '');
+  return { state: q.get('state') || '', verb: q.get('verb') || '', cluster: q.get('cluster') || '', account: q.get('account') || '' };
+}
+
+function setFilter(key, value) {
+  const f = route().filter || {};
+  f[key] = value;
+  const q = new URLSearchParams(Object.entries(f).filter(([, v]) => v));
+  location.hash = '#/operations' + (q.toString() ? '?' + q.toString() : '');
+}
+
 // The page: route after '#', redraw every second, report problems.
 let timer = null;
 let generation = 0;
 
 function route() {
   const m = location.hash.match(/^#\/clusters\/([0-9a-fA-F-]{36})$/);
-  return m && UUID.test(m[1]) ? { page: 'cluster', id: m[1].toLowerCase() } : { page: 'list' };
+  if (m && UUID.test(m[1])) return { page: 'cluster', id: m[1].toLowerCase() };
+  const o = location.hash.match(/^#\/operations(?:\?(.*))?$/);
+  if (o) return { page: 'operations', filter: parseFilter(o[1]) };
+  return { page: 'list' };
 }
 
 function showProblem(err) {
@@ -313,7 +481,8 @@ async function refresh() {
   const gen = ++generation;
   const r = route();
   try {
-    const view = r.page === 'cluster' ? await clusterView(r.id) : await listView();
+    const view = r.page === 'cluster' ? await clusterView(r.id) :
+      r.page === 'operations' ? await operationsView(r.filter) : await listView();
     if (gen !== generation) return;
     document.getElementById('view').replaceChildren(...view.filter(Boolean));
     document.getElementById('problem').hidden = true;
@@ -322,7 +491,7 @@ async function refresh() {
     if (gen !== generation) return;
     showProblem(err);
   }
-  if (gen === generation) {
+  if (gen === generation && !pending) {
     timer = setTimeout(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
   }
 }
@@ -345,7 +514,7 @@ document.getElementById('forget-token').addEventListener('click', () => {
   showToken();
   refresh();
 });
-window.addEventListener('hashchange', refresh);
+window.addEventListener('hashchange', () => { pending = null; notice = null; refresh(); });
 document.addEventListener('visibilitychange', () => { if (!document.hidden) refresh(); });
 showToken();
 refresh();
