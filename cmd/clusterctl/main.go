@@ -45,16 +45,17 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
 // run is clusterctl: it parses args (with the environment twins of the
 // global flags from getenv), runs the command and returns the exit code.
-// Tests call it in-process.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+// stdin answers a confirmation when it is a terminal. Tests call it
+// in-process.
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, named: map[string]string{}}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -66,11 +67,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err == nil {
 		return exitOK
 	}
-	return a.report(ctx, err)
+	cmd, _, ferr := root.Find(args)
+	if ferr != nil {
+		cmd = root
+	}
+	return a.report(ctx, cmd, err)
 }
 
 // app is one run of clusterctl: where it writes and what it connects with.
 type app struct {
+	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
 
@@ -80,6 +86,10 @@ type app struct {
 	timeout                                       durationFlag
 
 	client *client.Client
+	// named maps the resource names of the clusters this run looked up
+	// to the user's own words for them (clusters/{uuid} -> demo), for
+	// messages.
+	named map[string]string
 }
 
 func (a *app) rootCommand() *cobra.Command {
@@ -93,6 +103,8 @@ func (a *app) rootCommand() *cobra.Command {
 		Version:       version.Get().String("clusterctl"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Args:          noSubcommand,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			return a.applyEnvironment(cmd.Root().PersistentFlags(), cmd.Flags())
 		},
@@ -171,13 +183,35 @@ func args(check cobra.PositionalArgs) cobra.PositionalArgs {
 	}
 }
 
-// report prints err for a person and returns the exit code: the gRPC code
-// and the ErrorInfo reason first (what scripts and people switch on), then
-// the message and any invalid fields.
-func (a *app) report(ctx context.Context, err error) int {
+// noSubcommand refuses an argument where a subcommand was expected: an
+// unknown command, with the commands it is a likely misspelling of (by edit
+// distance, as cobra suggests them).
+func noSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2 // cobra's own default
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "; did you mean " + orList(s) + "?"
+	}
+	return usageError{errors.New(msg)}
+}
+
+// report prints err for a person, on one line, and returns the exit code:
+// 2 for a usage mistake, 1 when the server refused or the operation
+// failed, 130 when Ctrl-C stopped a wait. describe says what went wrong.
+func (a *app) report(ctx context.Context, cmd *cobra.Command, err error) int {
 	var usage usageError
 	if errors.As(err, &usage) {
-		fmt.Fprintf(a.stderr, "clusterctl: %v\nRun 'clusterctl --help' for usage.\n", usage.error)
+		fmt.Fprintf(a.stderr, "clusterctl: %s (see '%s --help')\n", oneLine(usage.Error()), cmd.CommandPath())
+		return exitUsage
+	}
+	if strings.HasPrefix(err.Error(), "unknown command ") {
+		// cobra's own refusal of a command it does not know.
+		fmt.Fprintf(a.stderr, "clusterctl: %s (see '%s --help')\n", oneLine(err.Error()), cmd.CommandPath())
 		return exitUsage
 	}
 	var stopped *stoppedWaiting
@@ -185,32 +219,24 @@ func (a *app) report(ctx context.Context, err error) int {
 		fmt.Fprintf(a.stderr, "clusterctl: stopped waiting; %s goes on (clusterctl operations wait %s)\n", stopped.name, stopped.name)
 		return exitInterrupted
 	}
-	code := client.Code(err)
-	if code == codes.Unknown && client.ErrorInfo(err) == nil {
-		fmt.Fprintf(a.stderr, "clusterctl: %v\n", err)
+	var declined declinedError
+	if errors.As(err, &declined) {
+		fmt.Fprintf(a.stderr, "clusterctl: %s\n", oneLine(err.Error()))
 		return exitFailed
 	}
-	what := client.CodeName(code)
-	if reason := client.Reason(err); reason != "" {
-		what += " " + reason
+	if client.Code(err) == codes.Unknown && client.ErrorInfo(err) == nil {
+		fmt.Fprintf(a.stderr, "clusterctl: %s\n", oneLine(err.Error()))
+		return exitFailed
 	}
-	var opErr *client.OperationError
-	prefix := ""
-	if errors.As(err, &opErr) {
-		prefix = opErr.Name + " failed: "
-	}
-	fmt.Fprintf(a.stderr, "clusterctl: %s%s: %s\n", prefix, what, messageOf(err))
-	for _, v := range client.FieldViolations(err) {
-		fmt.Fprintf(a.stderr, "  %s: %s\n", v.GetField(), v.GetDescription())
-	}
-	for _, v := range client.QuotaViolations(err) {
-		fmt.Fprintf(a.stderr, "  %s: %s\n", v.GetSubject(), v.GetDescription())
-	}
-	if code == codes.Unavailable && strings.Contains(messageOf(err), "connect") {
-		fmt.Fprintf(a.stderr, "  (is clusterd serving gRPC on %s? set --server or CLUSTERCTL_SERVER)\n", a.server)
-	}
+	fmt.Fprintf(a.stderr, "clusterctl: %s\n", a.describe(cmd, err))
 	return exitFailed
 }
+
+// declinedError: the user answered no to a confirmation (exit 1).
+type declinedError struct{ what string }
+
+// Error says what was not done.
+func (d declinedError) Error() string { return d.what }
 
 // isTerminal reports whether w is a terminal, and its width.
 func isTerminal(w io.Writer) (bool, int) {

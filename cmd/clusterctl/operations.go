@@ -56,7 +56,7 @@ func (a *app) operationsCommand() *cobra.Command {
 		Use:     "operations",
 		Aliases: []string{"operation", "ops", "op"},
 		Short:   "List, show, wait for and cancel operations (google.longrunning.Operations)",
-		Args:    args(cobra.NoArgs),
+		Args:    noSubcommand,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return usageError{errors.New("name a subcommand: list, get, wait or cancel")}
 		},

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/clusterd/clusterd/client"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 )
 
@@ -128,12 +127,7 @@ func (a *app) operationTable(ops []*longrunningpb.Operation) error {
 		return err
 	}
 	if len(ops) == 1 && ops[0].GetError() != nil {
-		st := status.FromProto(ops[0].GetError())
-		what := client.CodeName(st.Code())
-		if r := reasonOf(st); r != "" {
-			what += " " + r
-		}
-		fmt.Fprintf(a.stdout, "\nError: %s: %s\n", what, st.Message())
+		fmt.Fprintf(a.stdout, "\nError: %s\n", a.describe(nil, status.FromProto(ops[0].GetError()).Err()))
 	}
 	return nil
 }
