@@ -364,7 +364,10 @@ func TestCommandLine(t *testing.T) {
 	if r := ok(t, map[string]string{"CLUSTERCTL_SERVER": "127.0.0.1:1"}, "--server", addr, "list"); !strings.Contains(r.stdout, "web") {
 		t.Errorf("--server over a wrong CLUSTERCTL_SERVER: %q", r.stdout)
 	}
-	r := refused(t, map[string]string{"CLUSTERCTL_SERVER": "127.0.0.1:1"}, 1, "UNAVAILABLE", "list", "--timeout", "5s")
+	// A URL names the server too; TLS to a plaintext server says so.
+	ok(t, map[string]string{"CLUSTERCTL_SERVER": "grpc://" + addr}, "list")
+	refused(t, map[string]string{"CLUSTERCTL_SERVER": "https://" + addr}, 1, "does not speak TLS", "list")
+	r := refused(t, map[string]string{"CLUSTERCTL_SERVER": "127.0.0.1:1"}, 1, "cannot reach clusterd at 127.0.0.1:1", "list", "--timeout", "5s")
 	if !strings.Contains(r.stderr, "CLUSTERCTL_SERVER") {
 		t.Errorf("an unreachable server: %q; want a hint about --server", r.stderr)
 	}
@@ -426,7 +429,10 @@ func TestTokensAndTLS(t *testing.T) {
 	refused(t, env, 1, "UNAVAILABLE", "list", "--tls-server-name", "not-the-server.example")
 	delete(env, "CLUSTERCTL_TLS_CA")
 	refused(t, env, 1, "UNAVAILABLE", "list", "--tls") // the system's CAs do not know the test CA
-	refused(t, env, 1, "UNAVAILABLE", "list")          // plaintext to a TLS server
+	refused(t, env, 1, "is it serving TLS? add --tls", "list") // plaintext to a TLS server
+	// An https:// --server is TLS without --tls.
+	ok(t, map[string]string{"CLUSTERCTL_TLS_CA": caFile, "CLUSTERCTL_TOKEN": "team-a-token"}, "--server", "https://"+addr, "list")
+	refused(t, map[string]string{"CLUSTERCTL_TOKEN": "team-a-token"}, 1, "is it serving TLS? add --tls", "--server", "http://"+addr, "list")
 }
 
 // writeTLS writes a test CA and a server certificate for 127.0.0.1 signed
