@@ -160,11 +160,10 @@ func (a *app) kubeconfigCommand() *cobra.Command {
 				fmt.Fprintf(a.stdout, "Wrote the kubeconfig of %s (context %s) to %s.\n", argv[0], k.GetContext(), file)
 				return nil
 			}
-			if a.output == "json" {
-				return a.printJSON(k)
-			}
-			_, err = io.WriteString(a.stdout, k.GetKubeconfig())
-			return err
+			return a.show(view{msg: k, names: []string{name}, table: func(bool) error {
+				_, err := io.WriteString(a.stdout, k.GetKubeconfig())
+				return err
+			}})
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "write the kubeconfig to this file (mode 0600, replacing it) instead of stdout")

@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -55,7 +56,7 @@ func main() {
 // stdin answers a confirmation when it is a terminal. Tests call it
 // in-process.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
-	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, named: map[string]string{}}
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, named: map[string]string{}, now: time.Now}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -90,6 +91,8 @@ type app struct {
 	// to the user's own words for them (clusters/{uuid} -> demo), for
 	// messages.
 	named map[string]string
+	// now is the clock of ages and durations.
+	now func() time.Time
 }
 
 func (a *app) rootCommand() *cobra.Command {
@@ -120,10 +123,10 @@ func (a *app) rootCommand() *cobra.Command {
 	f.StringVar(&a.tlsCert, "tls-cert", "", "PEM client certificate (mutual TLS: its CN is the account)")
 	f.StringVar(&a.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&a.tlsServerName, "tls-server-name", "", "the name the server's certificate must have (default: the host of --server)")
-	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json (protojson of the resource)")
+	f.StringVarP(&a.output, "output", "o", "table", "output format: table, wide (more columns), json (the resource's protojson), yaml (the same as YAML), name (resource names), or jsonpath=TEMPLATE (e.g. '{.items[*].displayName}')")
 	a.timeout.d = defaultTimeout
 	f.Var(&a.timeout, "timeout", "how long each request may take (not --wait, which waits until the operation ends)")
-	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "wide", "json", "yaml", "name", "jsonpath="}, cobra.ShellCompDirectiveNoFileComp))
 
 	root.AddGroup(&cobra.Group{ID: "clusters", Title: "Clusters:"}, &cobra.Group{ID: "catalog", Title: "Catalog:"}, &cobra.Group{ID: "operations", Title: "Operations:"})
 	for _, c := range a.clusterCommands() {
@@ -161,8 +164,10 @@ func (a *app) applyEnvironment(sets ...*pflag.FlagSet) error {
 			}
 		})
 	}
-	if err == nil && a.output != "table" && a.output != "json" {
-		err = usageError{fmt.Errorf("--output %q: want table or json", a.output)}
+	if err == nil {
+		if oerr := checkOutput(a.output); oerr != nil {
+			err = usageError{oerr}
+		}
 	}
 	return err
 }

@@ -205,7 +205,7 @@ func TestEveryCommandAgainstARealServer(t *testing.T) {
 			t.Errorf("get %s = %s", ref, got.GetName())
 		}
 	}
-	if r := ok(t, env, "list"); !regexp.MustCompile(`(?m)^demo\s+clusters/\S+\s+default\s+RUNNING\s+1\.30\.2\s+1\+2\s+-$`).MatchString(r.stdout) {
+	if r := ok(t, env, "list"); !regexp.MustCompile(`(?m)^demo\s+clusters/\S+\s+default\s+RUNNING\s+1\.30\.2\s+1\+2\s+-\s+\d+s$`).MatchString(r.stdout) {
 		t.Errorf("list =\n%s", r.stdout)
 	}
 	if r := ok(t, env, "list", "--filter", "state = STOPPED"); strings.TrimSpace(r.stdout) != "No clusters." {
@@ -353,8 +353,9 @@ func TestCommandLine(t *testing.T) {
 
 	refused(t, nil, 2, "accepts 1 arg", "get")
 	refused(t, nil, 2, "unknown flag: --colour", "list", "--colour")
-	refused(t, nil, 2, "want table or json", "list", "-o", "yaml")
-	refused(t, map[string]string{"CLUSTERCTL_OUTPUT": "xml"}, 2, "want table or json", "list")
+	refused(t, nil, 2, "want one of table, wide, json, yaml, name, jsonpath=TEMPLATE", "list", "-o", "xml")
+	refused(t, map[string]string{"CLUSTERCTL_OUTPUT": "xml"}, 2, "want one of table", "list")
+	refused(t, nil, 2, "-o jsonpath: unclosed {", "list", "-o", "jsonpath={.items")
 	refused(t, nil, 2, "name a subcommand", "operations")
 
 	// The twin sets what the command line does not; the command line wins.
@@ -428,7 +429,7 @@ func TestTokensAndTLS(t *testing.T) {
 	refused(t, env, 2, "--tls-cert and --tls-key go together", "list", "--tls-cert", certFile)
 	refused(t, env, 1, "UNAVAILABLE", "list", "--tls-server-name", "not-the-server.example")
 	delete(env, "CLUSTERCTL_TLS_CA")
-	refused(t, env, 1, "UNAVAILABLE", "list", "--tls") // the system's CAs do not know the test CA
+	refused(t, env, 1, "UNAVAILABLE", "list", "--tls")         // the system's CAs do not know the test CA
 	refused(t, env, 1, "is it serving TLS? add --tls", "list") // plaintext to a TLS server
 	// An https:// --server is TLS without --tls.
 	ok(t, map[string]string{"CLUSTERCTL_TLS_CA": caFile, "CLUSTERCTL_TOKEN": "team-a-token"}, "--server", "https://"+addr, "list")
