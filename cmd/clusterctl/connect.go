@@ -59,6 +59,15 @@ func (a *app) connect() (*client.Client, error) {
 		}
 		opts = append(opts, client.WithTLS(cfg))
 	}
+	if a.token == "" && a.tokenFile != "" {
+		data, err := os.ReadFile(a.tokenFile)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--token-file: %w", err)}
+		}
+		if a.token = strings.TrimSpace(string(data)); a.token == "" {
+			return nil, usageError{fmt.Errorf("--token-file %s is empty", a.tokenFile)}
+		}
+	}
 	if a.token != "" {
 		if !secure && !loopback(addr) {
 			fmt.Fprintf(a.stderr, "clusterctl: warning: sending the token to %s without TLS\n", a.server)

@@ -81,7 +81,8 @@ type app struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 
-	server, token, account                        string
+	server, token, tokenFile, account             string
+	configFile, contextName                       string
 	useTLS                                        bool
 	tlsCA, tlsCert, tlsKey, tlsServerName, output string
 	timeout                                       durationFlag
@@ -117,6 +118,9 @@ func (a *app) rootCommand() *cobra.Command {
 	f := root.PersistentFlags()
 	f.StringVar(&a.server, "server", "127.0.0.1:9090", "clusterd's gRPC address, host:port")
 	f.StringVar(&a.token, "token", "", "bearer token (a server started with --auth-tokens)")
+	f.StringVar(&a.tokenFile, "token-file", "", "read the bearer token from this file (--token wins)")
+	f.StringVar(&a.configFile, "config", "", "the configuration file of contexts (default $XDG_CONFIG_HOME/clusterctl/config or ~/.config/clusterctl/config)")
+	f.StringVar(&a.contextName, "context", "", "the context to use instead of the current one (clusterctl config get-contexts)")
 	f.StringVar(&a.account, "account", "", "the account to act for: an admin's, or anyone's in development mode (x-clusterd-account)")
 	f.BoolVar(&a.useTLS, "tls", false, "connect over TLS, trusting the system's CAs (implied by the other --tls-* flags)")
 	f.StringVar(&a.tlsCA, "tls-ca", "", "PEM CA bundle to verify the server with, instead of the system's")
@@ -137,6 +141,10 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "catalog"
 		root.AddCommand(c)
 	}
+	root.AddGroup(&cobra.Group{ID: "config", Title: "Configuration:"})
+	cfg := a.configCommand()
+	cfg.GroupID = "config"
+	root.AddCommand(cfg)
 	ops := a.operationsCommand()
 	ops.GroupID = "operations"
 	root.AddCommand(ops)
@@ -148,7 +156,8 @@ func (a *app) rootCommand() *cobra.Command {
 }
 
 // applyEnvironment sets every flag not given on the command line from its
-// CLUSTERCTL_* twin (--tls-ca <- CLUSTERCTL_TLS_CA).
+// CLUSTERCTL_* twin (--tls-ca <- CLUSTERCTL_TLS_CA), then what is still
+// unset from the context in use; sets[0] holds the global flags.
 func (a *app) applyEnvironment(sets ...*pflag.FlagSet) error {
 	var err error
 	for _, set := range sets {
@@ -163,6 +172,9 @@ func (a *app) applyEnvironment(sets ...*pflag.FlagSet) error {
 				}
 			}
 		})
+	}
+	if err == nil && len(sets) > 0 {
+		err = a.applyContext(sets[0])
 	}
 	if err == nil {
 		if oerr := checkOutput(a.output); oerr != nil {

@@ -402,11 +402,7 @@ func TestTokensAndTLS(t *testing.T) {
 	dir := t.TempDir()
 	caFile, certFile, keyFile := writeTLS(t, dir)
 	tokens := filepath.Join(dir, "tokens")
-	line := func(token, account, role string) string {
-		sum := sha256.Sum256([]byte(token))
-		return fmt.Sprintf("sha256:%s %s %s\n", hex.EncodeToString(sum[:]), account, role)
-	}
-	if err := os.WriteFile(tokens, []byte(line("admin-token", "ops", "admin")+line("team-a-token", "team-a", "user")), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte(tokenLine("admin-token", "ops", "admin")+tokenLine("team-a-token", "team-a", "user")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	secretsKey := filepath.Join(dir, "secrets.key")
@@ -434,6 +430,12 @@ func TestTokensAndTLS(t *testing.T) {
 	// An https:// --server is TLS without --tls.
 	ok(t, map[string]string{"CLUSTERCTL_TLS_CA": caFile, "CLUSTERCTL_TOKEN": "team-a-token"}, "--server", "https://"+addr, "list")
 	refused(t, map[string]string{"CLUSTERCTL_TOKEN": "team-a-token"}, 1, "is it serving TLS? add --tls", "--server", "http://"+addr, "list")
+}
+
+// tokenLine is a line of the server's --auth-tokens file.
+func tokenLine(token, account, role string) string {
+	sum := sha256.Sum256([]byte(token))
+	return fmt.Sprintf("sha256:%s %s %s\n", hex.EncodeToString(sum[:]), account, role)
 }
 
 // writeTLS writes a test CA and a server certificate for 127.0.0.1 signed
