@@ -50,7 +50,7 @@ func TestContexts(t *testing.T) {
 		t.Errorf("current-context = %q; want prod", r.stdout)
 	}
 	r := ok(t, env, "config", "get-contexts")
-	if !regexp.MustCompile(`(?m)^\*\s+prod\s+https://\S+\s+true\s+-\s+` + regexp.QuoteMeta(tokenFile) + `$`).MatchString(r.stdout) ||
+	if !regexp.MustCompile(`(?m)^\*\s+prod\s+https://\S+\s+true\s+-\s+`+regexp.QuoteMeta(tokenFile)+`$`).MatchString(r.stdout) ||
 		!regexp.MustCompile(`(?m)^\s+dev\s+127\.0\.0\.1:\d+\s+false\s+-\s+-$`).MatchString(r.stdout) {
 		t.Errorf("get-contexts =\n%s", r.stdout)
 	}
