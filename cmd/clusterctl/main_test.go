@@ -190,8 +190,8 @@ func TestEveryCommandAgainstARealServer(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^State:\s+RUNNING$`).MatchString(r.stdout) || !strings.Contains(r.stdout, "NODE") {
 		t.Errorf("create --wait printed:\n%s", r.stdout)
 	}
-	if !regexp.MustCompile(`(?m)^operations/\S+ create: \w+ \(\d+/\d+ steps\)$`).MatchString(r.stderr) ||
-		!regexp.MustCompile(`(?m)^operations/\S+ create: succeeded$`).MatchString(r.stderr) || strings.Contains(r.stderr, "\r") {
+	if !regexp.MustCompile(`(?m)^operations/\S+ create: \w+ \(\d+/\d+ steps, \d+s\)$`).MatchString(r.stderr) ||
+		!regexp.MustCompile(`(?m)^operations/\S+ create: succeeded after \d+s$`).MatchString(r.stderr) || strings.Contains(r.stderr, "\r") {
 		t.Errorf("create --wait progress (not a terminal) = %q; want plain lines ending in succeeded", r.stderr)
 	}
 

@@ -268,7 +268,7 @@ func (a *app) followCancel(ctx context.Context, c *client.Client, name string) e
 // returns it done; a failed operation is returned with its
 // *client.OperationError, and a wait that Ctrl-C ended as *stoppedWaiting.
 func (a *app) waitDrawn(ctx context.Context, c *client.Client, op *longrunningpb.Operation) (*longrunningpb.Operation, error) {
-	p := newProgress(a.stderr, op.GetName())
+	p := newProgress(a.stderr, op.GetName(), a.now)
 	done, err := c.Wait(ctx, op, p.update, client.PollEvery(pollEvery))
 	var opErr *client.OperationError
 	switch {
