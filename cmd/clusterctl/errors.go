@@ -51,11 +51,14 @@ func (a *app) describe(cmd *cobra.Command, err error) string {
 		text = transitionText(client.ErrorInfo(err).GetMetadata(), messageOf(err))
 	case client.Code(err) == codes.Unavailable && client.ErrorInfo(err) == nil:
 		text = a.unreachable(messageOf(err))
+	case client.Code(err) == codes.DeadlineExceeded && client.ErrorInfo(err) == nil:
+		text = fmt.Sprintf("no answer from %s within --timeout %s; a longer --timeout waits longer", a.server, a.timeout.String())
+		reason = ""
 	default:
 		text = messageOf(err)
 	}
 	text = oneLine(prefix + a.ownNames(text))
-	if !strings.Contains(strings.ToLower(text), strings.ToLower(strings.ReplaceAll(reason, "_", " "))) {
+	if reason != "" && !strings.Contains(strings.ToLower(text), strings.ToLower(strings.ReplaceAll(reason, "_", " "))) {
 		text += " (" + reason + ")"
 	}
 	return text

@@ -134,6 +134,7 @@ func TestDescribe(t *testing.T) {
 	scale := &cobra.Command{Use: "scale"}
 	root.AddCommand(scale)
 	a := &app{server: "h:1", named: map[string]string{"clusters/0192": "web"}}
+	a.timeout.d = defaultTimeout
 	for _, tt := range []struct {
 		name string
 		err  error
@@ -155,6 +156,8 @@ func TestDescribe(t *testing.T) {
 			"another operation is in progress on web: operations/9; please retry once it has finished (OPERATION_IN_PROGRESS)"},
 		{"no reason", status.Error(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp h:1: connect: connection refused\""),
 			`cannot reach clusterd at h:1: connection error: desc = "transport: Error while dialing: dial tcp h:1: connect: connection refused"; is it serving gRPC there? set --server or CLUSTERCTL_SERVER (UNAVAILABLE)`},
+		{"the client's deadline", status.Error(codes.DeadlineExceeded, "context deadline exceeded"),
+			"no answer from h:1 within --timeout 30s; a longer --timeout waits longer"},
 		{"a plaintext call to TLS", status.Error(codes.Unavailable, "connection error: desc = \"error reading server preface: http2: frame too large\""),
 			"is it serving TLS? add --tls"},
 	} {

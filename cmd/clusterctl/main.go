@@ -5,12 +5,15 @@
 // and offerings, with get, create, update and delete), built on the Go
 // client package (client/).
 //
-// Output is a table, or with -o json the protojson of the resource. Every
-// mutation takes --wait, which follows the operation to its end: a progress
-// bar on a terminal, plain lines otherwise, on stderr so that stdout holds
-// only the result. Failures exit non-zero and say the error's ErrorInfo
-// reason. Every global flag has an environment twin: --server is
-// CLUSTERCTL_SERVER, --tls-ca is CLUSTERCTL_TLS_CA.
+// Output is a table (-o wide: more columns), or the resource's protojson
+// (-o json), as YAML (-o yaml), its name (-o name) or a kubectl-like
+// jsonpath template (-o jsonpath=...). Every mutation takes --wait, which
+// follows the operation to its end: a progress bar on a terminal, plain
+// lines otherwise, on stderr so that stdout holds only the result. Failures
+// exit 1 with one line in the command line's words and the error's
+// ErrorInfo reason; usage mistakes exit 2. Every global flag has an
+// environment twin (--server is CLUSTERCTL_SERVER), and a context of the
+// configuration file (clusterctl config) fills in what neither sets.
 package main
 
 import (
@@ -102,7 +105,8 @@ func (a *app) rootCommand() *cobra.Command {
 		Short: "Drive clusterd: create, change and follow Kubernetes clusters",
 		Long: "clusterctl drives a clusterd server over gRPC.\n\n" +
 			"Every global flag has an environment twin: --server is CLUSTERCTL_SERVER, --token CLUSTERCTL_TOKEN,\n" +
-			"--tls-ca CLUSTERCTL_TLS_CA, and so on; a flag on the command line wins.\n" +
+			"--tls-ca CLUSTERCTL_TLS_CA, and so on; a flag on the command line wins, and the context in use\n" +
+			"(clusterctl config) fills in what neither sets.\n" +
 			"A CLUSTER is clusters/{uuid}, the bare uuid, or the cluster's display name.",
 		Version:       version.Get().String("clusterctl"),
 		SilenceUsage:  true,
