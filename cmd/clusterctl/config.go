@@ -166,7 +166,9 @@ func (a *app) configCommand() *cobra.Command {
 		Example: "  clusterctl config set-context prod --server https://clusterd.example.com --token-file ~/.clusterd-token --ca-file ca.pem\n" +
 			"  clusterctl config use-context prod\n  clusterctl config get-contexts",
 		Args: noSubcommand,
-		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		RunE: func(*cobra.Command, []string) error {
+			return usageError{errors.New("name a subcommand: set-context, use-context, get-contexts, current-context or delete-context")}
+		},
 		// The config commands read the flags as given: no environment
 		// twin and no context fills them in.
 		PersistentPreRunE: func(*cobra.Command, []string) error { return checkOutputUsage(a.output) },

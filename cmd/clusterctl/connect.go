@@ -218,6 +218,9 @@ func (a *app) clusterName(ctx context.Context, arg string) (string, error) {
 	case 0:
 		return "", notFoundError(fmt.Sprintf("no cluster named %q", arg))
 	case 1:
+		if a.named == nil {
+			a.named = map[string]string{}
+		}
 		a.named[cs[0].GetName()] = arg
 		return cs[0].GetName(), nil
 	default:

@@ -79,6 +79,8 @@ func TestUsageMistakes(t *testing.T) {
 		{[]string{"operations", "lsit"}, `unknown command "lsit" for "clusterctl operations"; did you mean list or wait?`},
 		{[]string{"frobnicate"}, `unknown command "frobnicate" for "clusterctl" (see 'clusterctl --help')`},
 		{[]string{"get"}, "accepts 1 arg"},
+		{[]string{"config"}, "name a subcommand: set-context"},
+		{[]string{"list", "--colour"}, "unknown flag: --colour (see 'clusterctl list --help')"},
 		{[]string{"list", "--server", "ftp://example.com"}, "want host:port or an http://, https://, grpc:// or grpcs:// URL"},
 		{[]string{"list", "--server", "https://example.com/v1"}, "without a path"},
 	} {

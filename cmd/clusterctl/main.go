@@ -120,7 +120,7 @@ func (a *app) rootCommand() *cobra.Command {
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	f := root.PersistentFlags()
-	f.StringVar(&a.server, "server", "127.0.0.1:9090", "clusterd's gRPC address, host:port")
+	f.StringVar(&a.server, "server", "127.0.0.1:9090", "clusterd's gRPC address: host:port, or a URL (https:// and grpcs:// are TLS, http:// and grpc:// plaintext)")
 	f.StringVar(&a.token, "token", "", "bearer token (a server started with --auth-tokens)")
 	f.StringVar(&a.tokenFile, "token-file", "", "read the bearer token from this file (--token wins)")
 	f.StringVar(&a.configFile, "config", "", "the configuration file of contexts (default $XDG_CONFIG_HOME/clusterctl/config or ~/.config/clusterctl/config)")

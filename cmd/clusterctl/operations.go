@@ -117,7 +117,7 @@ func (a *app) operationsList() *cobra.Command {
 			}
 			var displayNames map[string]string
 			if a.output == "table" || a.output == "wide" {
-				displayNames = a.displayNames(cmd.Context(), c)
+				displayNames = a.displayNames(cmd.Context(), c, ops)
 			}
 			return a.printOperationList(&longrunningpb.ListOperationsResponse{Operations: ops}, displayNames)
 		},
@@ -148,9 +148,20 @@ func newestFirst(ops []*longrunningpb.Operation) {
 // displayNames maps the resource names of the clusters the caller sees,
 // destroyed ones included, to their display names; for tables only, so a
 // failure to read them leaves the resource names in place.
-func (a *app) displayNames(ctx context.Context, c *client.Client) map[string]string {
+func (a *app) displayNames(ctx context.Context, c *client.Client, ops []*longrunningpb.Operation) map[string]string {
 	out := map[string]string{}
+	missing := func() bool {
+		for _, op := range ops {
+			if _, ok := out[verbOf(op).GetCluster()]; !ok {
+				return true
+			}
+		}
+		return false
+	}
 	for _, filter := range []string{"", "state = DESTROYED"} {
+		if !missing() {
+			break
+		}
 		clusters, err := listAll(ctx, a, 0, func(ctx context.Context, token string) ([]*clv1.Cluster, string, error) {
 			resp, err := c.Clusters.ListClusters(ctx, &clv1.ListClustersRequest{Filter: filter, PageSize: 1000, PageToken: token})
 			return resp.GetClusters(), resp.GetNextPageToken(), err
