@@ -57,7 +57,7 @@ func TestProgressBarInATerminal(t *testing.T) {
 	hold(t, s)
 
 	cmd := exec.Command(os.Args[0], "create", "web", "--kubernetes-version", "1.30.2", "--offering", "medium", "--workers", "2", "--wait")
-	cmd.Env = append(os.Environ(), runMainEnv+"=1", "CLUSTERCTL_SERVER="+addr)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", "CLUSTERCTL_SERVER="+addr, "CLUSTERCTL_CONFIG="+t.TempDir()+"/none")
 	tty, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 30, Cols: 110})
 	if err != nil {
 		t.Fatalf("start clusterctl in a pseudo-terminal: %v", err)
