@@ -124,12 +124,12 @@ func (cfg *clientConfig) find(name string) int {
 // nor by its CLUSTERCTL_* twin) from the context in use: --context
 // (CLUSTERCTL_CONTEXT), else the file's current context.
 func (a *app) applyContext(set *pflag.FlagSet) error {
+	if _, err := a.configPath(); err != nil && a.contextName == "" {
+		return nil // no file to read (no HOME), and no context asked for
+	}
 	cfg, path, err := a.loadConfig()
 	if err != nil {
-		if a.contextName == "" {
-			return nil // no file to read, and none asked for
-		}
-		return err
+		return usageError{err}
 	}
 	name := a.contextName
 	if name == "" {

@@ -85,6 +85,12 @@ func TestContexts(t *testing.T) {
 	if data, err := os.ReadFile(other); err != nil || !strings.Contains(string(data), "account: team-a") || strings.Contains(string(data), "127.0.0.1:1") {
 		t.Errorf("CLUSTERCTL_CONFIG file: %q, %v", data, err)
 	}
+	// A file that is not a configuration is said, not ignored.
+	broken := filepath.Join(dir, "broken")
+	if err := os.WriteFile(broken, []byte("contexts: [{nme: x}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, map[string]string{"CLUSTERCTL_CONFIG": broken, "CLUSTERCTL_SERVER": plain}, 2, "read "+broken, "list")
 	ok(t, env, "config", "delete-context", "dev")
 	if r := ok(t, env, "config", "get-contexts", "-o", "name"); r.stdout != "prod\n" {
 		t.Errorf("get-contexts -o name after delete = %q", r.stdout)
