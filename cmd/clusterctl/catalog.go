@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	"github.com/clusterd/clusterd/client"
@@ -377,10 +378,8 @@ func (a *app) deleteCall(cmd *cobra.Command, name string, send func(ctx context.
 	if err := send(ctx, c); err != nil {
 		return err
 	}
-	if a.output != "json" {
-		fmt.Fprintf(a.stdout, "Deleted %s.\n", name)
-	} else {
-		fmt.Fprintln(a.stdout, "{}")
-	}
-	return nil
+	return a.show(view{msg: &emptypb.Empty{}, names: []string{name}, table: func(bool) error {
+		_, err := fmt.Fprintf(a.stdout, "Deleted %s.\n", name)
+		return err
+	}})
 }

@@ -1,21 +1,25 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/clusterd/clusterd/client"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/lifecycle"
 )
 
 // notFoundError is a NOT_FOUND with its ErrorInfo, like the server's, for
@@ -34,6 +38,10 @@ type mutation struct {
 	requestID string
 	etag      string
 	wait      bool
+	// event is the state machine's event of the request, for a start or
+	// stop: a refusal because the cluster is already where it leads is
+	// success (exit 0, saying so).
+	event lifecycle.Event
 }
 
 func (m *mutation) flags(cmd *cobra.Command, etag bool) {
@@ -54,6 +62,9 @@ func (a *app) mutate(cmd *cobra.Command, m *mutation, send func(ctx context.Cont
 	ctx, cancel := a.call(cmd.Context())
 	op, err := send(ctx, c)
 	cancel()
+	if state, ok := alreadyThere(err, m.event); ok && m.event != lifecycle.EventUnspecified {
+		return a.alreadyThere(cmd.Context(), c, client.ErrorInfo(err).GetMetadata()["cluster"], state)
+	}
 	if err != nil {
 		return err
 	}
@@ -92,11 +103,11 @@ func (a *app) clusterArg(cmd *cobra.Command, args []string, toComplete string) (
 func (a *app) clusterCommands() []*cobra.Command {
 	return []*cobra.Command{
 		a.createCommand(), a.getCommand(), a.listCommand(),
-		a.simpleMutation("start", "Start a STOPPED or ALERT cluster (or retry the start of an ERROR one)",
+		a.simpleMutation("start", "Start a STOPPED or ALERT cluster (or retry the start of an ERROR one); a RUNNING one is left as it is", lifecycle.StartRequested,
 			func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error) {
 				return c.Clusters.StartCluster(ctx, &clv1.StartClusterRequest{Name: name, RequestId: m.requestID, Etag: m.etag})
 			}),
-		a.simpleMutation("stop", "Stop a cluster's machines, keeping its resources",
+		a.simpleMutation("stop", "Stop a cluster's machines, keeping its resources; a STOPPED one is left as it is", lifecycle.StopRequested,
 			func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error) {
 				return c.Clusters.StopCluster(ctx, &clv1.StopClusterRequest{Name: name, RequestId: m.requestID, Etag: m.etag})
 			}),
@@ -109,10 +120,7 @@ func (a *app) clusterCommands() []*cobra.Command {
 			func(ctx context.Context, c *client.Client, name string, nodes []string, m *mutation) (*longrunningpb.Operation, error) {
 				return c.Clusters.RemoveNodes(ctx, &clv1.RemoveNodesRequest{Name: name, Nodes: nodes, RequestId: m.requestID})
 			}),
-		a.simpleMutation("delete", "Destroy a cluster and its machines",
-			func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error) {
-				return c.Clusters.DeleteCluster(ctx, &clv1.DeleteClusterRequest{Name: name, RequestId: m.requestID, Etag: m.etag})
-			}),
+		a.deleteCommand(),
 		a.eventsCommand(), a.kubeconfigCommand(),
 	}
 }
@@ -152,11 +160,10 @@ func (a *app) kubeconfigCommand() *cobra.Command {
 				fmt.Fprintf(a.stdout, "Wrote the kubeconfig of %s (context %s) to %s.\n", argv[0], k.GetContext(), file)
 				return nil
 			}
-			if a.output == "json" {
-				return a.printJSON(k)
-			}
-			_, err = io.WriteString(a.stdout, k.GetKubeconfig())
-			return err
+			return a.show(view{msg: k, names: []string{name}, table: func(bool) error {
+				_, err := io.WriteString(a.stdout, k.GetKubeconfig())
+				return err
+			}})
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "write the kubeconfig to this file (mode 0600, replacing it) instead of stdout")
@@ -285,9 +292,70 @@ func (a *app) listCommand() *cobra.Command {
 	return cmd
 }
 
-// simpleMutation is a mutation of one cluster with no other parameter.
-func (a *app) simpleMutation(use, short string, send func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error)) *cobra.Command {
-	var m mutation
+// alreadyThere reports a start or stop that had nothing to do: the cluster
+// (name) is already in state. On stdout, like any result: a sentence in a
+// table, the cluster in every other format.
+func (a *app) alreadyThere(ctx context.Context, c *client.Client, name, state string) error {
+	what := fmt.Sprintf("cluster %s is already %s; nothing to do", a.ownNames(name), state)
+	if a.output == "table" {
+		fmt.Fprintln(a.stdout, strings.ToUpper(what[:1])+what[1:]+".")
+		return nil
+	}
+	fmt.Fprintf(a.stderr, "clusterctl: %s\n", what)
+	ctx, cancel := a.call(ctx)
+	defer cancel()
+	cl, err := c.Clusters.GetCluster(ctx, &clv1.GetClusterRequest{Name: name})
+	if err != nil {
+		return err
+	}
+	return a.printCluster(cl)
+}
+
+// deleteCommand is delete: on a terminal it asks first (--yes does not);
+// from a script (stdin not a terminal) it deletes without asking, as it
+// always has.
+func (a *app) deleteCommand() *cobra.Command {
+	var yes bool
+	cmd := a.simpleMutation("delete", "Destroy a cluster and its machines (asks first on a terminal; --yes does not)", lifecycle.EventUnspecified,
+		func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error) {
+			return c.Clusters.DeleteCluster(ctx, &clv1.DeleteClusterRequest{Name: name, RequestId: m.requestID, Etag: m.etag})
+		})
+	run := cmd.RunE
+	cmd.RunE = func(cmd *cobra.Command, argv []string) error {
+		if !yes {
+			if err := a.confirm(fmt.Sprintf("Delete cluster %s and all its machines? This cannot be undone. [y/N] ", argv[0])); err != nil {
+				return fmt.Errorf("cluster %s not deleted: %w", argv[0], err)
+			}
+		}
+		return run(cmd, argv)
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	return cmd
+}
+
+// confirm asks question on a terminal and returns a declinedError unless
+// the answer is yes; when stdin is not a terminal it does not ask.
+func (a *app) confirm(question string) error {
+	f, ok := a.stdin.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return nil
+	}
+	fmt.Fprint(a.stderr, question)
+	answer, err := bufio.NewReader(f).ReadString('\n')
+	if err != nil && answer == "" {
+		fmt.Fprintln(a.stderr)
+	}
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return nil
+	}
+	return declinedError{"not confirmed"}
+}
+
+// simpleMutation is a mutation of one cluster with no other parameter;
+// event is its request's event when being already there is success.
+func (a *app) simpleMutation(use, short string, event lifecycle.Event, send func(ctx context.Context, c *client.Client, name string, m *mutation) (*longrunningpb.Operation, error)) *cobra.Command {
+	m := mutation{event: event}
 	cmd := &cobra.Command{
 		Use:               use + " CLUSTER",
 		Short:             short,

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"regexp"
 	"strings"
@@ -46,7 +47,11 @@ func (a *app) connect() (*client.Client, error) {
 		return a.client, nil
 	}
 	var opts []client.Option
-	secure := a.useTLS || a.tlsCA != "" || a.tlsCert != "" || a.tlsKey != "" || a.tlsServerName != ""
+	addr, _, err := serverAddress(a.server)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	secure := a.secure()
 	if secure {
 		cfg, err := a.tlsConfig()
 		if err != nil {
@@ -54,8 +59,17 @@ func (a *app) connect() (*client.Client, error) {
 		}
 		opts = append(opts, client.WithTLS(cfg))
 	}
+	if a.token == "" && a.tokenFile != "" {
+		data, err := os.ReadFile(a.tokenFile)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--token-file: %w", err)}
+		}
+		if a.token = strings.TrimSpace(string(data)); a.token == "" {
+			return nil, usageError{fmt.Errorf("--token-file %s is empty", a.tokenFile)}
+		}
+	}
 	if a.token != "" {
-		if !secure && !loopback(a.server) {
+		if !secure && !loopback(addr) {
 			fmt.Fprintf(a.stderr, "clusterctl: warning: sending the token to %s without TLS\n", a.server)
 		}
 		opts = append(opts, client.WithToken(a.token))
@@ -63,12 +77,48 @@ func (a *app) connect() (*client.Client, error) {
 	if a.account != "" {
 		opts = append(opts, client.WithAccount(a.account))
 	}
-	c, err := client.New(a.server, opts...)
+	c, err := client.New(addr, opts...)
 	if err != nil {
 		return nil, usageError{err}
 	}
 	a.client = c
 	return c, nil
+}
+
+// secure reports whether this run connects over TLS: --tls, any other
+// --tls-* flag, or an https:// (grpcs://) --server.
+func (a *app) secure() bool {
+	_, scheme, _ := serverAddress(a.server)
+	return a.useTLS || a.tlsCA != "" || a.tlsCert != "" || a.tlsKey != "" || a.tlsServerName != "" ||
+		scheme == "https" || scheme == "grpcs"
+}
+
+// serverAddress reads --server: host:port, or a URL whose scheme says the
+// transport (https:// and grpcs:// are TLS; http:// and grpc:// plaintext)
+// and whose port defaults to the scheme's (443, 80; clusterd's 9090 for
+// grpc:// and grpcs://). It returns the host:port to dial and the scheme
+// ("" for host:port).
+func serverAddress(server string) (addr, scheme string, err error) {
+	if !strings.Contains(server, "://") {
+		return server, "", nil
+	}
+	u, err := url.Parse(server)
+	if err != nil {
+		return "", "", fmt.Errorf("--server %q: %w", server, err)
+	}
+	scheme = strings.ToLower(u.Scheme)
+	ports := map[string]string{"https": "443", "http": "80", "grpc": "9090", "grpcs": "9090"}
+	port, ok := ports[scheme]
+	if !ok {
+		return "", "", fmt.Errorf("--server %q: want host:port or an http://, https://, grpc:// or grpcs:// URL", server)
+	}
+	if u.Hostname() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return "", "", fmt.Errorf("--server %q: want scheme://host[:port], without a path", server)
+	}
+	if u.Port() != "" {
+		port = u.Port()
+	}
+	return net.JoinHostPort(u.Hostname(), port), scheme, nil
 }
 
 // tlsConfig builds the TLS configuration of the --tls-* flags.
@@ -168,6 +218,10 @@ func (a *app) clusterName(ctx context.Context, arg string) (string, error) {
 	case 0:
 		return "", notFoundError(fmt.Sprintf("no cluster named %q", arg))
 	case 1:
+		if a.named == nil {
+			a.named = map[string]string{}
+		}
+		a.named[cs[0].GetName()] = arg
 		return cs[0].GetName(), nil
 	default:
 		var names []string

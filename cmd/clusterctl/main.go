@@ -5,12 +5,15 @@
 // and offerings, with get, create, update and delete), built on the Go
 // client package (client/).
 //
-// Output is a table, or with -o json the protojson of the resource. Every
-// mutation takes --wait, which follows the operation to its end: a progress
-// bar on a terminal, plain lines otherwise, on stderr so that stdout holds
-// only the result. Failures exit non-zero and say the error's ErrorInfo
-// reason. Every global flag has an environment twin: --server is
-// CLUSTERCTL_SERVER, --tls-ca is CLUSTERCTL_TLS_CA.
+// Output is a table (-o wide: more columns), or the resource's protojson
+// (-o json), as YAML (-o yaml), its name (-o name) or a kubectl-like
+// jsonpath template (-o jsonpath=...). Every mutation takes --wait, which
+// follows the operation to its end: a progress bar on a terminal, plain
+// lines otherwise, on stderr so that stdout holds only the result. Failures
+// exit 1 with one line in the command line's words and the error's
+// ErrorInfo reason; usage mistakes exit 2. Every global flag has an
+// environment twin (--server is CLUSTERCTL_SERVER), and a context of the
+// configuration file (clusterctl config) fills in what neither sets.
 package main
 
 import (
@@ -22,6 +25,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -45,16 +49,17 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
 // run is clusterctl: it parses args (with the environment twins of the
 // global flags from getenv), runs the command and returns the exit code.
-// Tests call it in-process.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+// stdin answers a confirmation when it is a terminal. Tests call it
+// in-process.
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, named: map[string]string{}, now: time.Now}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -66,20 +71,32 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err == nil {
 		return exitOK
 	}
-	return a.report(ctx, err)
+	cmd, _, ferr := root.Find(args)
+	if ferr != nil {
+		cmd = root
+	}
+	return a.report(ctx, cmd, err)
 }
 
 // app is one run of clusterctl: where it writes and what it connects with.
 type app struct {
+	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
 
-	server, token, account                        string
+	server, token, tokenFile, account             string
+	configFile, contextName                       string
 	useTLS                                        bool
 	tlsCA, tlsCert, tlsKey, tlsServerName, output string
 	timeout                                       durationFlag
 
 	client *client.Client
+	// named maps the resource names of the clusters this run looked up
+	// to the user's own words for them (clusters/{uuid} -> demo), for
+	// messages.
+	named map[string]string
+	// now is the clock of ages and durations.
+	now func() time.Time
 }
 
 func (a *app) rootCommand() *cobra.Command {
@@ -88,11 +105,14 @@ func (a *app) rootCommand() *cobra.Command {
 		Short: "Drive clusterd: create, change and follow Kubernetes clusters",
 		Long: "clusterctl drives a clusterd server over gRPC.\n\n" +
 			"Every global flag has an environment twin: --server is CLUSTERCTL_SERVER, --token CLUSTERCTL_TOKEN,\n" +
-			"--tls-ca CLUSTERCTL_TLS_CA, and so on; a flag on the command line wins.\n" +
+			"--tls-ca CLUSTERCTL_TLS_CA, and so on; a flag on the command line wins, and the context in use\n" +
+			"(clusterctl config) fills in what neither sets.\n" +
 			"A CLUSTER is clusters/{uuid}, the bare uuid, or the cluster's display name.",
 		Version:       version.Get().String("clusterctl"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Args:          noSubcommand,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			return a.applyEnvironment(cmd.Root().PersistentFlags(), cmd.Flags())
 		},
@@ -100,18 +120,21 @@ func (a *app) rootCommand() *cobra.Command {
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	f := root.PersistentFlags()
-	f.StringVar(&a.server, "server", "127.0.0.1:9090", "clusterd's gRPC address, host:port")
+	f.StringVar(&a.server, "server", "127.0.0.1:9090", "clusterd's gRPC address: host:port, or a URL (https:// and grpcs:// are TLS, http:// and grpc:// plaintext)")
 	f.StringVar(&a.token, "token", "", "bearer token (a server started with --auth-tokens)")
+	f.StringVar(&a.tokenFile, "token-file", "", "read the bearer token from this file (--token wins)")
+	f.StringVar(&a.configFile, "config", "", "the configuration file of contexts (default $XDG_CONFIG_HOME/clusterctl/config or ~/.config/clusterctl/config)")
+	f.StringVar(&a.contextName, "context", "", "the context to use instead of the current one (clusterctl config get-contexts)")
 	f.StringVar(&a.account, "account", "", "the account to act for: an admin's, or anyone's in development mode (x-clusterd-account)")
 	f.BoolVar(&a.useTLS, "tls", false, "connect over TLS, trusting the system's CAs (implied by the other --tls-* flags)")
 	f.StringVar(&a.tlsCA, "tls-ca", "", "PEM CA bundle to verify the server with, instead of the system's")
 	f.StringVar(&a.tlsCert, "tls-cert", "", "PEM client certificate (mutual TLS: its CN is the account)")
 	f.StringVar(&a.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&a.tlsServerName, "tls-server-name", "", "the name the server's certificate must have (default: the host of --server)")
-	f.StringVarP(&a.output, "output", "o", "table", "output format: table or json (protojson of the resource)")
+	f.StringVarP(&a.output, "output", "o", "table", "output format: table, wide (more columns), json (the resource's protojson), yaml (the same as YAML), name (resource names), or jsonpath=TEMPLATE (e.g. '{.items[*].displayName}')")
 	a.timeout.d = defaultTimeout
 	f.Var(&a.timeout, "timeout", "how long each request may take (not --wait, which waits until the operation ends)")
-	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "wide", "json", "yaml", "name", "jsonpath="}, cobra.ShellCompDirectiveNoFileComp))
 
 	root.AddGroup(&cobra.Group{ID: "clusters", Title: "Clusters:"}, &cobra.Group{ID: "catalog", Title: "Catalog:"}, &cobra.Group{ID: "operations", Title: "Operations:"})
 	for _, c := range a.clusterCommands() {
@@ -122,6 +145,10 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "catalog"
 		root.AddCommand(c)
 	}
+	root.AddGroup(&cobra.Group{ID: "config", Title: "Configuration:"})
+	cfg := a.configCommand()
+	cfg.GroupID = "config"
+	root.AddCommand(cfg)
 	ops := a.operationsCommand()
 	ops.GroupID = "operations"
 	root.AddCommand(ops)
@@ -133,7 +160,8 @@ func (a *app) rootCommand() *cobra.Command {
 }
 
 // applyEnvironment sets every flag not given on the command line from its
-// CLUSTERCTL_* twin (--tls-ca <- CLUSTERCTL_TLS_CA).
+// CLUSTERCTL_* twin (--tls-ca <- CLUSTERCTL_TLS_CA), then what is still
+// unset from the context in use; sets[0] holds the global flags.
 func (a *app) applyEnvironment(sets ...*pflag.FlagSet) error {
 	var err error
 	for _, set := range sets {
@@ -149,8 +177,13 @@ func (a *app) applyEnvironment(sets ...*pflag.FlagSet) error {
 			}
 		})
 	}
-	if err == nil && a.output != "table" && a.output != "json" {
-		err = usageError{fmt.Errorf("--output %q: want table or json", a.output)}
+	if err == nil && len(sets) > 0 {
+		err = a.applyContext(sets[0])
+	}
+	if err == nil {
+		if oerr := checkOutput(a.output); oerr != nil {
+			err = usageError{oerr}
+		}
 	}
 	return err
 }
@@ -171,13 +204,35 @@ func args(check cobra.PositionalArgs) cobra.PositionalArgs {
 	}
 }
 
-// report prints err for a person and returns the exit code: the gRPC code
-// and the ErrorInfo reason first (what scripts and people switch on), then
-// the message and any invalid fields.
-func (a *app) report(ctx context.Context, err error) int {
+// noSubcommand refuses an argument where a subcommand was expected: an
+// unknown command, with the commands it is a likely misspelling of (by edit
+// distance, as cobra suggests them).
+func noSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2 // cobra's own default
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "; did you mean " + orList(s) + "?"
+	}
+	return usageError{errors.New(msg)}
+}
+
+// report prints err for a person, on one line, and returns the exit code:
+// 2 for a usage mistake, 1 when the server refused or the operation
+// failed, 130 when Ctrl-C stopped a wait. describe says what went wrong.
+func (a *app) report(ctx context.Context, cmd *cobra.Command, err error) int {
 	var usage usageError
 	if errors.As(err, &usage) {
-		fmt.Fprintf(a.stderr, "clusterctl: %v\nRun 'clusterctl --help' for usage.\n", usage.error)
+		fmt.Fprintf(a.stderr, "clusterctl: %s (see '%s --help')\n", oneLine(usage.Error()), cmd.CommandPath())
+		return exitUsage
+	}
+	if strings.HasPrefix(err.Error(), "unknown command ") {
+		// cobra's own refusal of a command it does not know.
+		fmt.Fprintf(a.stderr, "clusterctl: %s (see '%s --help')\n", oneLine(err.Error()), cmd.CommandPath())
 		return exitUsage
 	}
 	var stopped *stoppedWaiting
@@ -185,32 +240,24 @@ func (a *app) report(ctx context.Context, err error) int {
 		fmt.Fprintf(a.stderr, "clusterctl: stopped waiting; %s goes on (clusterctl operations wait %s)\n", stopped.name, stopped.name)
 		return exitInterrupted
 	}
-	code := client.Code(err)
-	if code == codes.Unknown && client.ErrorInfo(err) == nil {
-		fmt.Fprintf(a.stderr, "clusterctl: %v\n", err)
+	var declined declinedError
+	if errors.As(err, &declined) {
+		fmt.Fprintf(a.stderr, "clusterctl: %s\n", oneLine(err.Error()))
 		return exitFailed
 	}
-	what := client.CodeName(code)
-	if reason := client.Reason(err); reason != "" {
-		what += " " + reason
+	if client.Code(err) == codes.Unknown && client.ErrorInfo(err) == nil {
+		fmt.Fprintf(a.stderr, "clusterctl: %s\n", oneLine(err.Error()))
+		return exitFailed
 	}
-	var opErr *client.OperationError
-	prefix := ""
-	if errors.As(err, &opErr) {
-		prefix = opErr.Name + " failed: "
-	}
-	fmt.Fprintf(a.stderr, "clusterctl: %s%s: %s\n", prefix, what, messageOf(err))
-	for _, v := range client.FieldViolations(err) {
-		fmt.Fprintf(a.stderr, "  %s: %s\n", v.GetField(), v.GetDescription())
-	}
-	for _, v := range client.QuotaViolations(err) {
-		fmt.Fprintf(a.stderr, "  %s: %s\n", v.GetSubject(), v.GetDescription())
-	}
-	if code == codes.Unavailable && strings.Contains(messageOf(err), "connect") {
-		fmt.Fprintf(a.stderr, "  (is clusterd serving gRPC on %s? set --server or CLUSTERCTL_SERVER)\n", a.server)
-	}
+	fmt.Fprintf(a.stderr, "clusterctl: %s\n", a.describe(cmd, err))
 	return exitFailed
 }
+
+// declinedError: the user answered no to a confirmation (exit 1).
+type declinedError struct{ what string }
+
+// Error says what was not done.
+func (d declinedError) Error() string { return d.what }
 
 // isTerminal reports whether w is a terminal, and its width.
 func isTerminal(w io.Writer) (bool, int) {

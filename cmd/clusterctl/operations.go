@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"time"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
@@ -56,7 +58,7 @@ func (a *app) operationsCommand() *cobra.Command {
 		Use:     "operations",
 		Aliases: []string{"operation", "ops", "op"},
 		Short:   "List, show, wait for and cancel operations (google.longrunning.Operations)",
-		Args:    args(cobra.NoArgs),
+		Args:    noSubcommand,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return usageError{errors.New("name a subcommand: list, get, wait or cancel")}
 		},
@@ -67,13 +69,13 @@ func (a *app) operationsCommand() *cobra.Command {
 
 func (a *app) operationsList() *cobra.Command {
 	var filter, cluster string
-	var running bool
+	var running, failed bool
 	var limit int
 	cmd := &cobra.Command{
-		Use:   "list [--cluster CLUSTER] [--running] [--filter F]",
-		Short: "List operations in creation order",
-		Example: "  clusterctl operations list --running\n  clusterctl operations list --cluster demo\n" +
-			"  clusterctl operations list --filter 'verb = scale AND done = true'",
+		Use:   "list [--cluster CLUSTER] [--running | --failed] [--filter F] [--limit N]",
+		Short: "List operations, newest first, with their age, duration and the reason of a failure",
+		Example: "  clusterctl operations list --running\n  clusterctl operations list --cluster demo --failed\n" +
+			"  clusterctl operations list --filter 'verb = scale AND done = true' --limit 5",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.connect()
@@ -94,7 +96,11 @@ func (a *app) operationsList() *cobra.Command {
 			if running {
 				terms = append(terms, "done = false")
 			}
-			ops, err := listAll(cmd.Context(), a, limit, func(ctx context.Context, token string) ([]*longrunningpb.Operation, string, error) {
+			if failed {
+				terms = append(terms, "done = true")
+			}
+			// Every page: the newest come last in the server's order.
+			ops, err := listAll(cmd.Context(), a, 0, func(ctx context.Context, token string) ([]*longrunningpb.Operation, string, error) {
 				resp, err := c.Operations.ListOperations(ctx, &longrunningpb.ListOperationsRequest{
 					Name: "operations", Filter: joinAnd(terms), PageSize: 1000, PageToken: token})
 				return resp.GetOperations(), resp.GetNextPageToken(), err
@@ -102,16 +108,72 @@ func (a *app) operationsList() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.printOperationList(&longrunningpb.ListOperationsResponse{Operations: ops})
+			if failed {
+				ops = slices.DeleteFunc(ops, func(op *longrunningpb.Operation) bool { return operationStatus(op) != "failed" })
+			}
+			newestFirst(ops)
+			if limit > 0 && len(ops) > limit {
+				ops = ops[:limit]
+			}
+			var displayNames map[string]string
+			if a.output == "table" || a.output == "wide" {
+				displayNames = a.displayNames(cmd.Context(), c, ops)
+			}
+			return a.printOperationList(&longrunningpb.ListOperationsResponse{Operations: ops}, displayNames)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&filter, "filter", "", "an AIP-160 filter on cluster, done, verb, create_time, update_time")
 	f.StringVar(&cluster, "cluster", "", "only this cluster's operations")
 	f.BoolVar(&running, "running", false, "only operations not done yet")
-	f.IntVar(&limit, "limit", 0, "at most this many operations (0: all)")
+	f.BoolVar(&failed, "failed", false, "only operations that failed (not those cancelled)")
+	f.IntVar(&limit, "limit", 0, "at most this many operations, the newest (0: all)")
+	cmd.MarkFlagsMutuallyExclusive("running", "failed")
 	_ = cmd.RegisterFlagCompletionFunc("cluster", a.clusterArg)
 	return cmd
+}
+
+// newestFirst orders operations by their creation, newest first (by name,
+// whose UUIDv7 is time-ordered, where the times are equal).
+func newestFirst(ops []*longrunningpb.Operation) {
+	slices.SortStableFunc(ops, func(x, y *longrunningpb.Operation) int {
+		tx, ty := verbOf(x).GetCreateTime().AsTime(), verbOf(y).GetCreateTime().AsTime()
+		if c := ty.Compare(tx); c != 0 {
+			return c
+		}
+		return strings.Compare(y.GetName(), x.GetName())
+	})
+}
+
+// displayNames maps the resource names of the clusters the caller sees,
+// destroyed ones included, to their display names; for tables only, so a
+// failure to read them leaves the resource names in place.
+func (a *app) displayNames(ctx context.Context, c *client.Client, ops []*longrunningpb.Operation) map[string]string {
+	out := map[string]string{}
+	missing := func() bool {
+		for _, op := range ops {
+			if _, ok := out[verbOf(op).GetCluster()]; !ok {
+				return true
+			}
+		}
+		return false
+	}
+	for _, filter := range []string{"", "state = DESTROYED"} {
+		if !missing() {
+			break
+		}
+		clusters, err := listAll(ctx, a, 0, func(ctx context.Context, token string) ([]*clv1.Cluster, string, error) {
+			resp, err := c.Clusters.ListClusters(ctx, &clv1.ListClustersRequest{Filter: filter, PageSize: 1000, PageToken: token})
+			return resp.GetClusters(), resp.GetNextPageToken(), err
+		})
+		if err != nil {
+			return out
+		}
+		for _, cl := range clusters {
+			out[cl.GetName()] = cl.GetDisplayName()
+		}
+	}
+	return out
 }
 
 // joinAnd joins filter terms with AND.
@@ -217,7 +279,7 @@ func (a *app) followCancel(ctx context.Context, c *client.Client, name string) e
 // returns it done; a failed operation is returned with its
 // *client.OperationError, and a wait that Ctrl-C ended as *stoppedWaiting.
 func (a *app) waitDrawn(ctx context.Context, c *client.Client, op *longrunningpb.Operation) (*longrunningpb.Operation, error) {
-	p := newProgress(a.stderr, op.GetName())
+	p := newProgress(a.stderr, op.GetName(), a.now)
 	done, err := c.Wait(ctx, op, p.update, client.PollEvery(pollEvery))
 	var opErr *client.OperationError
 	switch {

@@ -93,9 +93,10 @@ func (a *app) quotaSetCommand() *cobra.Command {
 }
 
 func (a *app) printQuota(q *clv1.Quota) error {
-	if a.output == "json" {
-		return a.printJSON(q)
-	}
+	return a.show(view{msg: q, names: []string{q.GetName()}, table: func(bool) error { return a.quotaTable(q) }})
+}
+
+func (a *app) quotaTable(q *clv1.Quota) error {
 	limit := func(n *int64) string {
 		if n == nil {
 			return "unlimited"
@@ -104,7 +105,7 @@ func (a *app) printQuota(q *clv1.Quota) error {
 	}
 	source := "the server's default"
 	if q.GetExplicit() {
-		source = "set by an admin, " + stamp(q.GetUpdateTime())
+		source = "set by an admin, " + a.stampAge(q.GetUpdateTime())
 	}
 	fmt.Fprintf(a.stdout, "%s (limits: %s)\n", q.GetName(), source)
 	w := a.table()

@@ -20,7 +20,7 @@ func TestQuotaCommands(t *testing.T) {
 		t.Errorf("quota set printed:\n%s", r.stdout)
 	}
 	ok(t, env, "create", "one", "--kubernetes-version", "1.30.2", "--workers", "1", "--offering", "medium", "--wait")
-	refused(t, env, 1, "RESOURCE_EXHAUSTED QUOTA_EXCEEDED", "create", "two", "--kubernetes-version", "1.30.2", "--workers", "1", "--offering", "medium")
+	refused(t, env, 1, "clusterctl: quota exceeded: accounts/default: clusters limit 1", "create", "two", "--kubernetes-version", "1.30.2", "--workers", "1", "--offering", "medium")
 	r = refused(t, env, 1, "accounts/default: clusters limit 1: 1 in use, 1 requested", "create", "two", "--kubernetes-version", "1.30.2", "--workers", "1", "--offering", "medium")
 	r = ok(t, env, "quota", "default")
 	for _, want := range []string{"clusters   1     1", "nodes      2     10", "cpus       4     unlimited"} {
