@@ -106,8 +106,8 @@ func TestOutputFormats(t *testing.T) {
 		t.Errorf("get -o jsonpath = %q", r.stdout)
 	}
 	// wide: more columns.
-	if r := ok(t, env, "list", "-o", "wide"); !regexp.MustCompile(`(?m)^DISPLAY NAME.*AGE\s+OFFERING\s+AUTOSCALING\s+ENDPOINT\s+CREATED$`).MatchString(r.stdout) ||
-		!regexp.MustCompile(`(?m)^web\s.*\s+medium\s+-\s+\S+\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \S+$`).MatchString(r.stdout) {
+	if r := ok(t, env, "list", "-o", "wide"); !regexp.MustCompile(`(?m)^DISPLAY NAME.*AGE\s+OFFERING\s+AUTOSCALING\s+ENDPOINT\s+CREATED\s+WHY$`).MatchString(r.stdout) ||
+		!regexp.MustCompile(`(?m)^web\s.*\s+medium\s+-\s+\S+\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \S+\s+-$`).MatchString(r.stdout) {
 		t.Errorf("list -o wide =\n%s", r.stdout)
 	}
 	if r := ok(t, env, "get", "web", "-o", "wide"); !regexp.MustCompile(`(?m)^NODE\s+ROLE\s+POWER\s+JOINED\s+KUBERNETES\s+OFFERING$`).MatchString(r.stdout) ||

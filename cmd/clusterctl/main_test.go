@@ -342,6 +342,13 @@ func TestAFailedStepIsShownWhole(t *testing.T) {
 		if r := ok(t, env, "events", "rest"); !strings.Contains(r.stdout, "operation failed: "+cause) {
 			t.Errorf("events =\n%s\nwant the failure of %s saying %q", r.stdout, op, cause)
 		}
+		// The cluster says why it is ALERT, and what to do.
+		r = ok(t, env, "get", "rest")
+		if !regexp.MustCompile(`(?m)^State:\s+ALERT$`).MatchString(r.stdout) ||
+			!regexp.MustCompile(`(?m)^Why:\s+operation failed: `+regexp.QuoteMeta(cause)+`.* \(since .* ago\)\)$`).MatchString(r.stdout) ||
+			!regexp.MustCompile(`(?m)^Next step:\s+clusterd brings it back to RUNNING by itself .*; you can start, .* or delete it\.$`).MatchString(r.stdout) {
+			t.Errorf("get rest after the failed %s =\n%s\nwant State ALERT, Why naming %q, and a Next step", tt.step, r.stdout, cause)
+		}
 	}
 }
 

@@ -49,6 +49,16 @@ func (a *app) clusterTable(c *clv1.Cluster, wide bool) error {
 	row("Display name", c.GetDisplayName())
 	row("Account", c.GetAccount())
 	row("State", c.GetState())
+	if msg := c.GetStatusMessage(); msg != "" {
+		since := ""
+		if c.GetStatusTime() != nil {
+			since = " (since " + a.stampAge(c.GetStatusTime()) + ")"
+		}
+		row("Why", msg+since)
+	}
+	if next := c.GetNextStep(); next != "" {
+		row("Next step", next)
+	}
 	row("Kubernetes", c.GetKubernetesVersion())
 	if co := c.GetControlOffering(); co != "" && co != c.GetServiceOffering() {
 		row("Nodes", fmt.Sprintf("%d control (%s) + %d workers (%s)", c.GetControlNodeCount(), co, c.GetWorkerNodeCount(), c.GetServiceOffering()))
@@ -109,7 +119,7 @@ func (a *app) printClusters(resp *clv1.ListClustersResponse) error {
 		w := a.table()
 		head := "DISPLAY NAME\tNAME\tACCOUNT\tSTATE\tKUBERNETES\tNODES\tOPERATION\tAGE"
 		if wide {
-			head += "\tOFFERING\tAUTOSCALING\tENDPOINT\tCREATED"
+			head += "\tOFFERING\tAUTOSCALING\tENDPOINT\tCREATED\tWHY"
 		}
 		fmt.Fprintln(w, head)
 		for _, c := range resp.GetClusters() {
@@ -124,7 +134,7 @@ func (a *app) printClusters(resp *clv1.ListClustersResponse) error {
 				if as := c.GetAutoscaling(); as.GetEnabled() {
 					auto = fmt.Sprintf("%d-%d", as.GetMinSize(), as.GetMaxSize())
 				}
-				fmt.Fprintf(w, "\t%s\t%s\t%s\t%s", offering, auto, dash(c.GetEndpoint()), stamp(c.GetCreateTime()))
+				fmt.Fprintf(w, "\t%s\t%s\t%s\t%s\t%s", offering, auto, dash(c.GetEndpoint()), stamp(c.GetCreateTime()), dash(c.GetStatusMessage()))
 			}
 			fmt.Fprintln(w)
 		}
