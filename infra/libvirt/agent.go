@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -53,10 +54,16 @@ type SocketAgents struct {
 	// answer (default 2s): the requests of one step reuse it, and the
 	// guest's agent has reopened its port well before a request on the
 	// next connection arrives.
-	Idle  time.Duration
-	ids   atomic.Uint64
-	mu    sync.Mutex
-	conns map[string]*agentConn
+	Idle time.Duration
+	// Log, when set, is told of a request that has gone unanswered for
+	// SlowAfter (default 1m), and again every SlowAfter while it waits: a
+	// guest that does not boot, or a connection held by another server,
+	// shows in the log rather than only as a step that takes long.
+	Log       *slog.Logger
+	SlowAfter time.Duration
+	ids       atomic.Uint64
+	mu        sync.Mutex
+	conns     map[string]*agentConn
 }
 
 // agentConn is one machine's connection; its lock orders the machine's
@@ -75,7 +82,8 @@ type agentConn struct {
 
 // NewSocketAgents returns agents reached through the sockets in dir.
 func NewSocketAgents(dir string) *SocketAgents {
-	return &SocketAgents{dir: dir, Retry: 10 * time.Second, FirstRetry: time.Second, Idle: 2 * time.Second, conns: map[string]*agentConn{}}
+	return &SocketAgents{dir: dir, Retry: 10 * time.Second, FirstRetry: time.Second, Idle: 2 * time.Second, SlowAfter: time.Minute,
+		conns: map[string]*agentConn{}}
 }
 
 func (a *SocketAgents) machine(id string) *agentConn {
@@ -153,14 +161,23 @@ func (a *SocketAgents) Do(ctx context.Context, machineID string, req agent.Reque
 		}
 		c.mu.Unlock()
 	}()
+	path := filepath.Join(a.dir, DomainName(machineID)+".agent")
+	began := time.Now()
+	warned := began
 	for {
 		wait := a.Retry
 		if !c.answered && a.FirstRetry > 0 {
 			wait = min(wait, a.FirstRetry)
 		}
-		resp, err := c.send(ctx, filepath.Join(a.dir, DomainName(machineID)+".agent"), line, req.ID, wait)
+		resp, err := c.send(ctx, path, line, req.ID, wait)
 		if err == nil {
 			return answer(machineID, req, resp)
+		}
+		if a.Log != nil && a.SlowAfter > 0 && time.Since(warned) >= a.SlowAfter {
+			warned = time.Now()
+			a.Log.Warn("a node agent has not answered yet; still sending", "machine", machineID, "op", req.Op,
+				"waited", time.Since(began).Round(time.Second), "socket", path, "connected", c.conn != nil,
+				"answered_before", c.answered, "last_error", err.Error())
 		}
 		if ctx.Err() != nil {
 			c.close() // an answer may still come: not on this connection

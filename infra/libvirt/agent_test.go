@@ -2,9 +2,11 @@ package libvirt_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -220,4 +222,45 @@ func answer(conn net.Conn, lose func(line int) bool) {
 		_ = json.Unmarshal(sc.Bytes(), &req)
 		_ = json.NewEncoder(conn).Encode(agent.Response{ID: req.ID, OK: true, Status: agent.Status{Machine: "m1"}})
 	}
+}
+
+// TestSocketAgentsTellOfASilentAgent: a request its agent never answers
+// is logged while it waits (every SlowAfter), naming the machine and the
+// socket, and ends with its context.
+func TestSocketAgentsTellOfASilentAgent(t *testing.T) {
+	dir := t.TempDir()
+	fakeGuest(t, dir, "m1", func(conn net.Conn) { answer(conn, func(int) bool { return true }) })
+	var logged syncBuffer
+	a := libvirt.NewSocketAgents(dir)
+	a.Retry, a.FirstRetry, a.SlowAfter = 50*time.Millisecond, 50*time.Millisecond, 200*time.Millisecond
+	a.Log = slog.New(slog.NewTextHandler(&logged, nil))
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := a.Do(ctx, "m1", agent.Request{Op: agent.OpStatus}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a request to a silent agent: %v; want its deadline", err)
+	}
+	out := logged.String()
+	if n := strings.Count(out, "a node agent has not answered yet"); n < 2 || !strings.Contains(out, "machine=m1") ||
+		!strings.Contains(out, libvirt.AgentSocket(dir, "m1")) {
+		t.Errorf("logged %d warnings:\n%s\nwant at least 2 (every SlowAfter in 2s), naming machine m1 and its socket", n, out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -278,7 +278,9 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		if test {
 			d.agents = NewMemoryAgents(d.ISOVersion)
 		} else {
-			d.agents = NewSocketAgents(d.poolDir)
+			sa := NewSocketAgents(d.poolDir)
+			sa.Log = d.log
+			d.agents = sa
 		}
 	}
 	return d, nil
