@@ -332,3 +332,25 @@ func (s *Store) PurgeChanges(ctx context.Context, retention time.Duration, limit
 	}
 	return n, nil
 }
+
+// ClustersByID reads the given clusters in one query (a watch's changes of
+// one poll); missing ids are absent from the map.
+func (s *Store) ClustersByID(ctx context.Context, ids []string) (map[string]Cluster, error) {
+	out := map[string]Cluster{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	marks := strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", ")
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	cs, err := s.readClusters(ctx, "SELECT "+clusterCols+" FROM clusters c WHERE c.id IN ("+marks+")", args...)
+	if err != nil {
+		return nil, fmt.Errorf("read %d clusters: %w", len(ids), classify(err))
+	}
+	for _, c := range cs {
+		out[c.ID] = c
+	}
+	return out, nil
+}
