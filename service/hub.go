@@ -198,6 +198,7 @@ func (h *Hub) Run(ctx context.Context) {
 	t := time.NewTicker(h.cfg.Poll)
 	defer t.Stop()
 	started := false
+	var warned time.Time
 	for {
 		if !started {
 			head, err := h.cfg.Store.ChangeHead(ctx, h.cfg.Settle)
@@ -210,8 +211,11 @@ func (h *Hub) Run(ctx context.Context) {
 			} else if ctx.Err() == nil {
 				h.log.Warn("watch hub: read the change feed's head", "error", err)
 			}
-		} else if err := h.poll(ctx); err != nil && ctx.Err() == nil {
+		} else if err := h.poll(ctx); err != nil && ctx.Err() == nil && time.Since(warned) >= time.Minute {
+			// Once a minute at most: the health probe reports the
+			// database's outage, and the poll tries again.
 			h.log.Warn("watch hub: read the change feed", "error", err)
+			warned = time.Now()
 		}
 		select {
 		case <-ctx.Done():
@@ -338,6 +342,9 @@ func (h *Hub) load(ctx context.Context, changes []repository.Change, states map[
 				c.State, c.Version, c.CurrentOperation = snap.state, snap.version, snap.op
 			}
 			it.cluster = &c
+		}
+		if snap, ok := states[ch.ClusterID]; ok && snap.state == lifecycle.Destroyed {
+			delete(states, ch.ClusterID) // nothing moves it any more
 		}
 		if j, ok := jobs[changes[i].Operation]; ok {
 			it.job = &j
