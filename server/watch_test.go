@@ -61,14 +61,19 @@ func watch(t *testing.T, c clv1.ClusterLifecycleClient, ctx context.Context, req
 	return &watchStream{stream: s, cancel: cancel}
 }
 
-// next returns the next message, failing the test on an error.
+// next returns the next message but a BOOKMARK (which a slow test may
+// see once a minute), failing the test on an error.
 func (w *watchStream) next(t *testing.T) *clv1.WatchClustersResponse {
 	t.Helper()
-	m, err := w.stream.Recv()
-	if err != nil {
-		t.Fatalf("watch: %v", err)
+	for {
+		m, err := w.stream.Recv()
+		if err != nil {
+			t.Fatalf("watch: %v", err)
+		}
+		if m.GetKind() != clv1.WatchClustersResponse_BOOKMARK {
+			return m
+		}
 	}
-	return m
 }
 
 // synced reads the initial state up to SYNCED and returns its clusters.
@@ -411,16 +416,20 @@ func TestWatchRESTAndShutdown(t *testing.T) {
 		lines.Buffer(make([]byte, 1<<20), 1<<20)
 		next := func() map[string]any {
 			t.Helper()
-			if !lines.Scan() {
-				t.Fatalf("REST watch ended: %v", lines.Err())
+			for {
+				if !lines.Scan() {
+					t.Fatalf("REST watch ended: %v", lines.Err())
+				}
+				var line struct {
+					Result map[string]any `json:"result"`
+				}
+				if err := json.Unmarshal(lines.Bytes(), &line); err != nil || line.Result == nil {
+					t.Fatalf("REST watch line %q: %v", lines.Text(), err)
+				}
+				if line.Result["kind"] != "BOOKMARK" {
+					return line.Result
+				}
 			}
-			var line struct {
-				Result map[string]any `json:"result"`
-			}
-			if err := json.Unmarshal(lines.Bytes(), &line); err != nil || line.Result == nil {
-				t.Fatalf("REST watch line %q: %v", lines.Text(), err)
-			}
-			return line.Result
 		}
 		if m := next(); m["kind"] != "SYNCED" || m["resumeToken"] == "" {
 			t.Fatalf("first line: %v; want SYNCED with a token", m)

@@ -46,8 +46,11 @@ type HubConfig struct {
 	// Keep is how long the hub keeps the changes it read, so that a watch
 	// that resumes from a token of that age attaches without reading the
 	// feed itself (default 1 minute).
-	Keep   time.Duration
-	Logger *slog.Logger
+	Keep time.Duration
+	// Bookmark is how often a watch is told its newer resume token while
+	// nothing it keeps changes (default 1 minute).
+	Bookmark time.Duration
+	Logger   *slog.Logger
 }
 
 // Hub is a server's one reader of the change feed: it reads the feed every
@@ -81,6 +84,8 @@ type Hub struct {
 	// seq numbers the changes the hub reads (watchItem.seq).
 	seq   uint64
 	marks []floorMark
+	// bookmarked is when markers last asked watchers for a bookmark.
+	bookmarked time.Time
 	// watchers are the attached watchers; open counts the watches of each
 	// account, attached or starting.
 	watchers map[*watcher]struct{}
@@ -120,6 +125,9 @@ type watchItem struct {
 	view    *clv1.Cluster
 	job     *repository.Job
 	floor   int64
+	// bookmark, on a marker, asks the watch to send its token if it
+	// moved since its last message.
+	bookmark bool
 	// seq orders the changes in the hub's window.
 	seq uint64
 }
@@ -160,6 +168,9 @@ func NewHub(cfg HubConfig) *Hub {
 	}
 	if cfg.Keep <= 0 {
 		cfg.Keep = time.Minute
+	}
+	if cfg.Bookmark <= 0 {
+		cfg.Bookmark = time.Minute
 	}
 	if cfg.Keep < 2*cfg.Settle {
 		cfg.Keep = 2 * cfg.Settle
@@ -379,6 +390,9 @@ func (h *Hub) publish(items []watchItem, pos watchToken) {
 	}
 	h.marks = h.marks[cut:]
 	marker := watchItem{floor: pos.Floor}
+	if now.Sub(h.bookmarked) >= h.cfg.Bookmark {
+		marker.bookmark, h.bookmarked = true, now
+	}
 	for w := range h.watchers {
 		if !w.offer(items, marker) {
 			h.end(w, &WatchTooSlowError{})
@@ -400,7 +414,7 @@ func (w *watcher) offer(items []watchItem, marker watchItem) bool {
 			return false
 		}
 	}
-	if marker.floor > w.marked {
+	if marker.floor > w.marked || marker.bookmark {
 		select {
 		case w.items <- marker:
 			w.marked = marker.floor

@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/clusterd/clusterd/auth"
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
@@ -78,13 +82,14 @@ func TestHubReadsOncePerPoll(t *testing.T) {
 				t.Errorf("a poll that found a change, 5 watchers: %d statements; want 4", n)
 			}
 			for i, w := range watchers {
-				select {
-				case it := <-w.items:
-					if it.change == nil || it.change.ClusterID != c.ID || it.cluster == nil || it.view == nil {
-						t.Errorf("watcher %d got %+v; want the create of %s with its cluster", i, it, c.ID)
+				var changes []watchItem
+				for len(w.items) > 0 {
+					if it := <-w.items; it.change != nil { // markers aside
+						changes = append(changes, it)
 					}
-				default:
-					t.Errorf("watcher %d got nothing", i)
+				}
+				if len(changes) != 1 || changes[0].change.ClusterID != c.ID || changes[0].cluster == nil || changes[0].view == nil {
+					t.Errorf("watcher %d got %+v; want the create of %s with its cluster", i, changes, c.ID)
 				}
 			}
 		})
@@ -152,4 +157,81 @@ func derefChange(it watchItem) repository.Change {
 		return repository.Change{}
 	}
 	return *it.change
+}
+
+// recordStream is the server side of a WatchClusters stream that records
+// what is sent.
+type recordStream struct {
+	grpc.ServerStream
+	ctx  context.Context
+	sent chan *clv1.WatchClustersResponse
+}
+
+func (r *recordStream) Context() context.Context { return r.ctx }
+
+func (r *recordStream) Send(m *clv1.WatchClustersResponse) error {
+	select {
+	case r.sent <- m:
+		return nil
+	case <-r.ctx.Done():
+		return r.ctx.Err()
+	}
+}
+
+// While only changes a watch does not keep go by, it is sent BOOKMARKs:
+// its token moves on past them, so an idle watch's token does not outlive
+// the feed's retention; and it sees nothing of those changes.
+func TestWatchBookmarksPastChangesItDoesNotKeep(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(hubCtx(t))
+			s := repotest.Open(t, b)
+			infra := sim.New(s, sim.Config{})
+			h := NewHub(HubConfig{Store: s, Infra: infra, Poll: 10 * time.Millisecond, Settle: time.Millisecond, Bookmark: time.Nanosecond})
+			ran := make(chan struct{})
+			go func() { defer close(ran); h.Run(ctx) }()
+			t.Cleanup(func() { cancel(); <-ran })
+			clusters := NewClusters(ClustersConfig{Store: s, Infra: infra, Hub: h})
+			stream := &recordStream{ctx: auth.NewContext(ctx, auth.Identity{Account: "acme", Role: auth.RoleUser, Subject: "test"}),
+				sent: make(chan *clv1.WatchClustersResponse, 16)}
+			done := make(chan error, 1)
+			go func() { done <- clusters.WatchClusters(&clv1.WatchClustersRequest{}, stream) }()
+			if m := <-stream.sent; m.GetKind() != clv1.WatchClustersResponse_SYNCED {
+				t.Fatalf("first message %v; want SYNCED", m)
+			}
+			c, _, err := s.CreateCluster(ctx, repository.NewCluster{Account: "other", DisplayName: "web",
+				Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
+				repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows, err := s.ReadChanges(ctx, repository.ChangeQuery{ClusterID: c.ID, Limit: 10})
+			if err != nil || len(rows) != 1 {
+				t.Fatalf("feed of the other account's cluster: %v, %v", rows, err)
+			}
+			for {
+				select {
+				case m := <-stream.sent:
+					if m.GetKind() != clv1.WatchClustersResponse_BOOKMARK || m.GetCluster() != nil {
+						t.Fatalf("acme's watch was sent %v; want only bookmarks", m)
+					}
+					tok, err := decodeWatchToken(m.GetResumeToken())
+					if err != nil {
+						t.Fatal(err)
+					}
+					if tok.Floor >= rows[0].ID {
+						cancel()
+						if err := <-done; !errors.Is(err, context.Canceled) {
+							t.Errorf("watch ended %v; want its context's end", err)
+						}
+						return
+					}
+				case err := <-done:
+					t.Fatalf("watch ended: %v", err)
+				case <-ctx.Done():
+					t.Fatal("no bookmark past the other account's change")
+				}
+			}
+		})
+	}
 }

@@ -87,9 +87,15 @@ func (s *Clusters) WatchClusters(req *clv1.WatchClustersRequest, stream grpc.Ser
 	} else if tok, err = s.sendExisting(ctx, stream, w, filter); err != nil {
 		return err
 	}
+	sentFloor := tok.Floor // the floor of the last token sent
 	visit := func(it watchItem, tok watchToken) (watchToken, error) {
 		if it.change == nil {
-			return tok.raise(it.floor), nil
+			tok = tok.raise(it.floor)
+			if !it.bookmark || tok.Floor <= sentFloor {
+				return tok, nil
+			}
+			sentFloor = tok.Floor
+			return tok, stream.Send(&clv1.WatchClustersResponse{Kind: clv1.WatchClustersResponse_BOOKMARK, ResumeToken: tok.encode()})
 		}
 		c := it.change
 		send := tok.fresh(c.ID) && it.cluster != nil && w.keeps(*it.cluster)
@@ -97,6 +103,7 @@ func (s *Clusters) WatchClusters(req *clv1.WatchClustersRequest, stream grpc.Ser
 		if !send {
 			return tok, nil
 		}
+		sentFloor = tok.Floor
 		return tok, stream.Send(changeMessage(it, tok))
 	}
 	watcher, tok, err := s.hub.attach(ctx, who.Account, tok, visit)

@@ -48,6 +48,11 @@ const (
 	WatchClustersResponse_OPERATION_ENDED WatchClustersResponse_Kind = 6
 	// The cluster became DESTROYED (event).
 	WatchClustersResponse_DELETED WatchClustersResponse_Kind = 7
+	// No change for this watch, only a newer resume token: sent now and
+	// then (about once a minute) while changes it does not keep go by, so
+	// that an idle watch's token does not outlive the feed's retention.
+	// It carries no cluster.
+	WatchClustersResponse_BOOKMARK WatchClustersResponse_Kind = 8
 )
 
 // Enum value maps for WatchClustersResponse_Kind.
@@ -61,6 +66,7 @@ var (
 		5: "PROGRESS",
 		6: "OPERATION_ENDED",
 		7: "DELETED",
+		8: "BOOKMARK",
 	}
 	WatchClustersResponse_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
@@ -71,6 +77,7 @@ var (
 		"PROGRESS":         5,
 		"OPERATION_ENDED":  6,
 		"DELETED":          7,
+		"BOOKMARK":         8,
 	}
 )
 
@@ -2161,13 +2168,13 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x06filter\x18\x01 \x01(\tB\x03\xe0A\x01R\x06filter\x12A\n" +
 	"\x04name\x18\x02 \x01(\tB-\xe0A\x01\xfaA'\n" +
 	"%clusterlifecycle.clusterd.dev/ClusterR\x04name\x12&\n" +
-	"\fresume_token\x18\x03 \x01(\tB\x03\xe0A\x01R\vresumeToken\"\xb7\x03\n" +
+	"\fresume_token\x18\x03 \x01(\tB\x03\xe0A\x01R\vresumeToken\"\xc5\x03\n" +
 	"\x15WatchClustersResponse\x12C\n" +
 	"\x04kind\x18\x01 \x01(\x0e2/.clusterlifecycle.v1.WatchClustersResponse.KindR\x04kind\x126\n" +
 	"\acluster\x18\x02 \x01(\v2\x1c.clusterlifecycle.v1.ClusterR\acluster\x127\n" +
 	"\x05event\x18\x03 \x01(\v2!.clusterlifecycle.v1.ClusterEventR\x05event\x12B\n" +
 	"\bprogress\x18\x04 \x01(\v2&.clusterlifecycle.v1.OperationProgressR\bprogress\x12!\n" +
-	"\fresume_token\x18\x05 \x01(\tR\vresumeToken\"\x80\x01\n" +
+	"\fresume_token\x18\x05 \x01(\tR\vresumeToken\"\x8e\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bEXISTING\x10\x01\x12\n" +
@@ -2177,7 +2184,8 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\aCHANGED\x10\x04\x12\f\n" +
 	"\bPROGRESS\x10\x05\x12\x13\n" +
 	"\x0fOPERATION_ENDED\x10\x06\x12\v\n" +
-	"\aDELETED\x10\a\"\xad\x01\n" +
+	"\aDELETED\x10\a\x12\f\n" +
+	"\bBOOKMARK\x10\b\"\xad\x01\n" +
 	"\x11OperationProgress\x12\x1c\n" +
 	"\toperation\x18\x01 \x01(\tR\toperation\x12\x12\n" +
 	"\x04verb\x18\x02 \x01(\tR\x04verb\x12\x12\n" +
