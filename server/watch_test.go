@@ -459,3 +459,48 @@ func TestWatchRESTAndShutdown(t *testing.T) {
 		}
 	})
 }
+
+// An account may have --max-watches-per-account watches open on a server;
+// one more is refused RESOURCE_EXHAUSTED (WATCH_LIMIT) until one ends.
+func TestWatchLimitPerAccount(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		h := start(t, b, func(c *Config) { c.MaxWatchesPerAccount = 1 })
+		ctx := tctx(t)
+		first := watch(t, h.clients.clusters, ctx, &clv1.WatchClustersRequest{})
+		first.synced(t)
+		s, err := h.clients.clusters.WatchClusters(ctx, &clv1.WatchClustersRequest{})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		if code, reason, _ := errorInfo(t, err); code != codes.ResourceExhausted || reason != service.ReasonWatchLimit {
+			t.Fatalf("a second watch: %v %s (%v); want RESOURCE_EXHAUSTED %s", code, reason, err, service.ReasonWatchLimit)
+		}
+		op, err := h.clients.clusters.WatchOperation(ctx, &clv1.WatchOperationRequest{Name: "operations/01a2365d-a3e4-7a93-86d1-f4a1252a6be0"})
+		if err == nil {
+			_, err = op.Recv()
+		}
+		if code, reason, _ := errorInfo(t, err); code != codes.ResourceExhausted || reason != service.ReasonWatchLimit {
+			t.Errorf("a watch of an operation beside it: %v %s; want RESOURCE_EXHAUSTED %s", code, reason, service.ReasonWatchLimit)
+		}
+		// Once the first ends (its handler returns after the client
+		// cancels), a watch is accepted again.
+		first.cancel()
+		for {
+			s, err := h.clients.clusters.WatchClusters(ctx, &clv1.WatchClustersRequest{})
+			if err == nil {
+				var m *clv1.WatchClustersResponse
+				if m, err = s.Recv(); err == nil && m.GetKind() == clv1.WatchClustersResponse_SYNCED {
+					return
+				}
+			}
+			if code, reason, _ := errorInfo(t, err); code != codes.ResourceExhausted || reason != service.ReasonWatchLimit {
+				t.Fatalf("a watch after the first ended: %v", err)
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("the first watch's place was never given back")
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+}
