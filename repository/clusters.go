@@ -229,6 +229,9 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		if err := tx.Create(&ev).Error; err != nil {
 			return fmt.Errorf("insert event: %w", classify(err))
 		}
+		if err := s.recordClusterChange(tx, nc.ID, nj.ID); err != nil {
+			return err
+		}
 		if err := insertSecrets(tx, nc.ID, nc.Secrets, now); err != nil {
 			return err
 		}
@@ -524,6 +527,9 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 	if err := tx.Exec("INSERT INTO cluster_events (cluster_id, time, from_state, event, to_state, operation, server, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
 		t.ClusterID, now, t.Expect.State.String(), name, to.String(), op, server, t.Message).Error; err != nil {
 		return Cluster{}, fmt.Errorf("insert event for cluster %s: %w", t.ClusterID, classify(err))
+	}
+	if err := s.recordClusterChange(tx, t.ClusterID, op); err != nil {
+		return Cluster{}, err
 	}
 	if t.Read != nil {
 		return t.Apply(*t.Read, now), nil

@@ -218,3 +218,67 @@ func (f Filter) comparison(columns map[Field]column) (string, []any, error) {
 	}
 	return col.sql + " " + string(f.op) + " ?", []any{arg}, nil
 }
+
+// MatchCluster reports whether c is a row f keeps, as ListClusters's WHERE
+// clause would: a watch applies a list's filter to each cluster a change
+// names, in memory, rather than asking the database once per watcher. A
+// filter that is not on clusters is an error.
+func (f Filter) MatchCluster(c Cluster) (bool, error) {
+	switch f.kind {
+	case matchAll:
+		return true, nil
+	case not:
+		m, err := f.args[0].MatchCluster(c)
+		return !m, err
+	case and, or:
+		for _, a := range f.args {
+			m, err := a.MatchCluster(c)
+			if err != nil {
+				return false, err
+			}
+			if f.kind == and && !m {
+				return false, nil
+			}
+			if f.kind == or && m {
+				return true, nil
+			}
+		}
+		return f.kind == and, nil
+	case compare:
+		return f.matchClusterField(c)
+	}
+	return false, fmt.Errorf("filter: unknown kind %d", f.kind)
+}
+
+func (f Filter) matchClusterField(c Cluster) (bool, error) {
+	if _, _, err := f.comparison(clusterColumns); err != nil {
+		return false, err
+	}
+	var cmp int
+	switch f.field {
+	case ClusterState:
+		cmp = strings.Compare(c.State.String(), f.value.(lifecycle.State).String())
+	case ClusterDisplayName:
+		cmp = strings.Compare(c.DisplayName, f.value.(string))
+	case ClusterAccount:
+		cmp = strings.Compare(c.Account, f.value.(string))
+	case ClusterCreateTime:
+		cmp = c.CreateTime.Compare(f.value.(time.Time).UTC().Truncate(time.Microsecond))
+	case ClusterUpdateTime:
+		cmp = c.UpdateTime.Compare(f.value.(time.Time).UTC().Truncate(time.Microsecond))
+	}
+	switch f.op {
+	case Eq:
+		return cmp == 0, nil
+	case Ne:
+		return cmp != 0, nil
+	case Lt:
+		return cmp < 0, nil
+	case Le:
+		return cmp <= 0, nil
+	case Gt:
+		return cmp > 0, nil
+	default:
+		return cmp >= 0, nil
+	}
+}

@@ -94,6 +94,23 @@ func TestListFilters(t *testing.T) {
 				if !slices.Equal(gotNames, tc.want) {
 					t.Errorf("%s (%v) = %v; want %v", tc.name, tc.where, gotNames, tc.want)
 				}
+				// A watch applies the same filter in memory: it must keep
+				// exactly the rows the database keeps.
+				all, err := s.ListClusters(ctx, repository.ClusterQuery{Limit: 100})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var matched []string
+				for _, c := range all {
+					if m, err := tc.where.MatchCluster(c); err != nil {
+						t.Errorf("%s: MatchCluster: %v", tc.name, err)
+					} else if m {
+						matched = append(matched, names[c.ID])
+					}
+				}
+				if !slices.Equal(matched, tc.want) {
+					t.Errorf("%s (%v) in memory = %v; want %v", tc.name, tc.where, matched, tc.want)
+				}
 			}
 
 			// The filter combines with keyset pagination.
@@ -139,6 +156,9 @@ func TestListFilters(t *testing.T) {
 			} {
 				if _, err := s.ListClusters(ctx, repository.ClusterQuery{Where: bad, Limit: 10}); err == nil {
 					t.Errorf("ListClusters(%v) ran; want an error", bad)
+				}
+				if _, err := bad.MatchCluster(web1); err == nil {
+					t.Errorf("MatchCluster(%v) ran; want an error", bad)
 				}
 			}
 		})

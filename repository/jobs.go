@@ -129,9 +129,10 @@ type Progress struct {
 // and cancellation flag as stored with the progress written, so the runner
 // learns in the same round trip whether a cancellation was requested
 // (possibly through another server). The write is conditioned on the job
-// running at p.Attempt and not cancelled, so the usual step is one statement
-// and nothing is read; only a job that was cancelled (the job returned is
-// then the whole row, CancelRequested set), is no longer IN_PROGRESS
+// running at p.Attempt and not cancelled, so the usual step is one write
+// (with its feed row, ChangeProgress, in its transaction) and nothing is
+// read; only a job that was cancelled (the job returned is then the whole
+// row, CancelRequested set), is no longer IN_PROGRESS
 // (recovery failed it) or is no longer at p.Attempt (another server adopted
 // it) is read: the last two are a *JobConflictError, its work must stop.
 // Progress writes only the job's own row, so it carries only the job's half
@@ -144,9 +145,9 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 		unlessCancelled = true
 	)
 	write := func() error {
-		return s.retrying(ctx, func() error {
+		return s.transaction(ctx, func(tx *gorm.DB) error {
 			now = s.stamp()
-			db := whereHeld(s.db.WithContext(ctx).Model(&jobRow{}), jobID, p.Attempt)
+			db := whereHeld(tx.Model(&jobRow{}), jobID, p.Attempt)
 			if unlessCancelled {
 				db = db.Where("cancel_requested = ?", false)
 			}
@@ -154,7 +155,10 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 				"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
 				"update_time": now,
 			})
-			return classify(res.Error)
+			if res.Error != nil || res.RowsAffected != 1 {
+				return classify(res.Error)
+			}
+			return s.recordJobChanges(tx, ChangeProgress, "j.id = ?", jobID)
 		})
 	}
 	if err := write(); err != nil {
@@ -349,7 +353,10 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 		if p := f.Progress; p != nil {
 			set["step"], set["steps_done"], set["steps_total"] = p.Step, p.StepsDone, p.StepsTotal
 		}
-		return updateHeld(tx.Model(&jobRow{}), f.JobID, f.Attempt, set)
+		if err := updateHeld(tx.Model(&jobRow{}), f.JobID, f.Attempt, set); err != nil {
+			return err
+		}
+		return s.recordJobChanges(tx, ChangeJobEnded, "j.id = ?", f.JobID)
 	})
 	if errors.Is(err, errMissed) {
 		return s.jobMissed(ctx, f.JobID)

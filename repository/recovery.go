@@ -108,12 +108,20 @@ func (s *Store) failJobs(ctx context.Context, ids []string, errJSON string, cond
 		return 0, nil
 	}
 	var n int64
-	err := s.retrying(ctx, func() error {
+	// Each failed job's feed row is written in the same transaction: the
+	// jobs this write failed are those of ids FAILED with its error at its
+	// time (a row of the feed too many only if another server failed one
+	// of them with the same error in the same microsecond).
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		now := s.stamp()
-		res := cond(s.db.WithContext(ctx).Model(&jobRow{}).Where("id IN ? AND status = ?", ids, string(JobInProgress))).
+		res := cond(tx.Model(&jobRow{}).Where("id IN ? AND status = ?", ids, string(JobInProgress))).
 			Updates(map[string]any{"status": string(JobFailed), "error": errJSON, "end_time": now, "update_time": now})
 		n = res.RowsAffected
-		return classify(res.Error)
+		if res.Error != nil || n == 0 {
+			return classify(res.Error)
+		}
+		return s.recordJobChanges(tx, ChangeJobEnded, "j.id IN ? AND j.status = ? AND j.update_time = ? AND j.error = ?",
+			ids, string(JobFailed), now, errJSON)
 	})
 	return n, err
 }
@@ -136,12 +144,15 @@ func (s *Store) OwnJobsInProgress(ctx context.Context, self Server) ([]Job, erro
 // (ErrConflict).
 func (s *Store) FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error {
 	var res *gorm.DB
-	err := s.retrying(ctx, func() error {
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
 		now := s.stamp()
-		res = s.db.WithContext(ctx).Model(&jobRow{}).
+		res = tx.Model(&jobRow{}).
 			Where("id = ? AND status = ? AND update_time = ?", id, string(JobInProgress), seen.UTC()).
 			Updates(map[string]any{"status": string(JobFailed), "error": errJSON, "end_time": now, "update_time": now})
-		return classify(res.Error)
+		if res.Error != nil || res.RowsAffected != 1 {
+			return classify(res.Error)
+		}
+		return s.recordJobChanges(tx, ChangeJobEnded, "j.id = ?", id)
 	})
 	if err != nil {
 		return fmt.Errorf("fail job %s: %w", id, err)
@@ -257,7 +268,10 @@ func (s *Store) RecordEvent(ctx context.Context, e Event) error {
 				return nil
 			}
 		}
-		return classify(tx.Create(&row).Error)
+		if err := tx.Create(&row).Error; err != nil {
+			return classify(err)
+		}
+		return s.recordClusterChange(tx, e.ClusterID, e.Operation)
 	})
 	if err != nil {
 		return fmt.Errorf("record %s event of cluster %s: %w", e.Name, e.ClusterID, err)

@@ -90,6 +90,16 @@ type CallLogPurger interface {
 	PurgeCallLog(ctx context.Context, cutoff time.Time, limit int) (int64, error)
 }
 
+// DefaultChangeRetention is how long the change feed keeps its rows.
+const DefaultChangeRetention = time.Hour
+
+// ChangePurger is a store that keeps a change feed for watches
+// (repository.Store): the scanner deletes its rows older than
+// ChangeRetention (by the database's clock) with the jobs it purges.
+type ChangePurger interface {
+	PurgeChanges(ctx context.Context, retention time.Duration, limit int) (int64, error)
+}
+
 // Lease says whether this server may act (package lease): the scanner
 // passes only while it does, since without it this server's view may be
 // stale and its peers may be recovering its own clusters.
@@ -135,6 +145,10 @@ type Config struct {
 	// JobRetention (default 7 days): finished jobs older than this are
 	// purged, and the infrastructure's log of calls with them (CallLogPurger).
 	JobRetention time.Duration
+	// ChangeRetention (default 1 hour): the change feed's rows older than
+	// this are purged with the jobs (ChangePurger); a watch resumed from a
+	// token older than this is refused (WATCH_EXPIRED).
+	ChangeRetention time.Duration
 	// Collector, optional, is the infrastructure's orphan machines'
 	// collector (MachineCollector).
 	Collector MachineCollector
@@ -197,6 +211,7 @@ func New(cfg Config) *Scanner {
 	def(&cfg.ScanInterval, DefaultScanInterval)
 	def(&cfg.ReconcileInterval, 10*time.Second)
 	def(&cfg.JobRetention, 7*24*time.Hour)
+	def(&cfg.ChangeRetention, DefaultChangeRetention)
 	def(&cfg.OrphanMachineGrace, DefaultOrphanMachineGrace)
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = DefaultMaxAttempts

@@ -121,6 +121,16 @@ type Config struct {
 	// many times (on the server that accepted it and the ones that adopted
 	// it) is failed when its server is lost again (default 3).
 	MaxOperationAttempts int
+	// WatchRetention is how long the change feed keeps its rows (default
+	// scanner.DefaultChangeRetention): a watch resumed from an older token
+	// is refused.
+	WatchRetention time.Duration
+	// MaxWatchesPerAccount caps the watches one account may have open on
+	// this server (default service.DefaultMaxWatchesPerAccount).
+	MaxWatchesPerAccount int
+	// WatchBuffer is how many changes a watcher may fall behind before it
+	// is ended (default service.DefaultWatchBuffer).
+	WatchBuffer int
 }
 
 // What becomes of an operation whose server stops or dies (Config.OnOwnerLoss).
@@ -149,6 +159,7 @@ type Server struct {
 	clusters *service.Clusters
 	quotas   *service.Quotas
 	ops      *service.Operations
+	hub      *service.Hub
 	scanner  *scanner.Scanner
 	health   *health.Server
 	grpc     *grpc.Server
@@ -275,10 +286,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		closeStore := cleanup
 		cleanup = func() { _ = s.libvirt.Close(); closeStore() }
 	}
+	s.hub = service.NewHub(service.HubConfig{Store: s.store, Infra: s.infra, Buffer: cfg.WatchBuffer,
+		MaxPerAccount: cfg.MaxWatchesPerAccount, Logger: s.log})
 	s.clusters = service.NewClusters(service.ClustersConfig{
 		Store: s.metrics.repairStore(s.store), Runner: s.runner, Infra: s.infra, Catalog: cfg.Catalog,
 		ServerID: cfg.ServerID, Incarnation: s.self.Incarnation, Deadlines: cfg.Deadlines, Logger: s.log,
-		Lease: s.lease, HandOff: resume, Secrets: keyring, DefaultQuota: cfg.DefaultQuota,
+		Lease: s.lease, HandOff: resume, Secrets: keyring, DefaultQuota: cfg.DefaultQuota, Hub: s.hub,
 	})
 	s.quotas = service.NewQuotas(s.store, s.clusters)
 	var adopter scanner.Adopter
@@ -293,7 +306,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Store: s.store, Recoverer: s.metrics.recoverer(s.clusters), Infra: s.infra, Self: s.self, Lease: s.lease, Running: s.runner.Running,
 		Encode: service.EncodeJobError, Adopter: adopter, MaxAttempts: int32(cfg.MaxOperationAttempts),
 		PeerTimeout: cfg.PeerTimeout, ScanInterval: cfg.ScanInterval,
-		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, Logger: s.log,
+		ReconcileInterval: cfg.ReconcileInterval, JobRetention: cfg.JobRetention, ChangeRetention: cfg.WatchRetention, Logger: s.log,
 		Collector: collector, OrphanMachineGrace: cfg.OrphanMachineGrace,
 	})
 

@@ -8,16 +8,17 @@ import (
 )
 
 // background is the goroutines Serve starts besides the listeners: the
-// heartbeat, the scanner, the health watcher and, with the libvirt driver,
+// heartbeat, the scanner, the health watcher, the watch hub and, with the libvirt driver,
 // the watcher of its domain events. Each is stopped on its own, in the
 // order shutdown needs, and joined before the database closes.
 type background struct {
-	stopLease, stopScanner, stopHealth, stopEvents context.CancelFunc
-	leaseDone, scannerDone, healthDone, eventsDone chan struct{}
+	stopLease, stopScanner, stopHealth, stopEvents, stopHub context.CancelFunc
+	leaseDone, scannerDone, healthDone, eventsDone, hubDone chan struct{}
 }
 
 func (s *Server) startBackground() {
-	b := &background{leaseDone: make(chan struct{}), scannerDone: make(chan struct{}), healthDone: make(chan struct{})}
+	b := &background{leaseDone: make(chan struct{}), scannerDone: make(chan struct{}), healthDone: make(chan struct{}),
+		hubDone: make(chan struct{})}
 	start := func(done chan struct{}, run func(context.Context)) context.CancelFunc {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() {
@@ -29,6 +30,7 @@ func (s *Server) startBackground() {
 	b.stopLease = start(b.leaseDone, s.lease.Run)
 	b.stopScanner = start(b.scannerDone, s.scanner.Run)
 	b.stopHealth = start(b.healthDone, s.watchHealth)
+	b.stopHub = start(b.hubDone, s.hub.Run)
 	b.eventsDone = make(chan struct{})
 	if s.libvirt != nil {
 		b.stopEvents = start(b.eventsDone, s.watchDomains)
@@ -42,8 +44,10 @@ func (s *Server) startBackground() {
 // shutdown stops clusterd within ShutdownTimeout, in this order:
 //
 //  1. Stop admitting: health reports NOT_SERVING, mutations are refused
-//     (SHUTTING_DOWN, so clients retry elsewhere), and every open or new
-//     WaitOperation answers at once with the operation as it stands.
+//     (SHUTTING_DOWN, so clients retry elsewhere), every open or new
+//     WaitOperation answers at once with the operation as it stands, and
+//     the watch hub stops: every watch ends UNAVAILABLE (SHUTTING_DOWN),
+//     for its client to resume on another server.
 //  2. The watcher of libvirt's domain events stops, then the scanner (it
 //     would claim recoveries).
 //  3. Jobs stop at their next step: their contexts are cancelled, steps held
@@ -72,6 +76,10 @@ func (s *Server) shutdown() error {
 	s.health.Shutdown()
 	s.clusters.Drain()
 	s.ops.Drain()
+	if bg != nil {
+		bg.stopHub()
+		<-bg.hubDone
+	}
 
 	if bg != nil {
 		bg.stopEvents()

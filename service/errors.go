@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -70,6 +71,15 @@ const (
 	// its limits (RESOURCE_EXHAUSTED, with a google.rpc.QuotaFailure naming
 	// each limit; metadata "account" and "limits").
 	ReasonQuotaExceeded = "QUOTA_EXCEEDED"
+	// ReasonWatchExpired: a watch's resume token is older than the change
+	// feed's retention (FAILED_PRECONDITION): list and watch again.
+	ReasonWatchExpired = "WATCH_EXPIRED"
+	// ReasonWatchTooSlow: a watcher fell further behind than its buffer
+	// (RESOURCE_EXHAUSTED, metadata "resume_token" to go on from).
+	ReasonWatchTooSlow = "WATCH_TOO_SLOW"
+	// ReasonWatchLimit: the account has as many watches open as a server
+	// allows (RESOURCE_EXHAUSTED, metadata "limit").
+	ReasonWatchLimit = "WATCH_LIMIT"
 )
 
 // Reasons of a failed or cancelled operation's error (Operation.error): why
@@ -303,6 +313,8 @@ func Status(err error) *status.Status {
 		changed    *MachinesChangedError
 		noKubecfg  *KubeconfigUnavailableError
 		quota      *repository.QuotaExceededError
+		slow       *WatchTooSlowError
+		limit      *WatchLimitError
 	)
 	switch {
 	// Why an operation ended without success (the job's stored error).
@@ -364,6 +376,14 @@ func Status(err error) *status.Status {
 		return build(codes.AlreadyExists, exists.Error(), ReasonAlreadyExists, nil)
 	case errors.As(err, &quota):
 		return quotaStatus(quota)
+	case errors.Is(err, errWatchExpired):
+		return build(codes.FailedPrecondition, "the resume token is older than the watch history kept; list the clusters and watch again without a token",
+			ReasonWatchExpired, nil)
+	case errors.As(err, &slow):
+		return build(codes.ResourceExhausted, "the watch fell too far behind and was ended; watch again with the resume token",
+			ReasonWatchTooSlow, map[string]string{"resume_token": slow.Token})
+	case errors.As(err, &limit):
+		return build(codes.ResourceExhausted, limit.Error(), ReasonWatchLimit, map[string]string{"limit": strconv.Itoa(limit.Limit)})
 	case errors.Is(err, errNoLease):
 		return build(codes.Unavailable, errNoLease.Error()+"; please retry", ReasonServerUnavailable, nil)
 	case errors.Is(err, errShuttingDown):

@@ -80,6 +80,9 @@ type ClustersConfig struct {
 	// memory only (secrets.Ephemeral), for tests, whose credentials no
 	// other process can open.
 	Secrets *secrets.Keyring
+	// Hub, when set, serves WatchClusters and WatchOperation (without
+	// one they are UNIMPLEMENTED).
+	Hub *Hub
 }
 
 // Lease says whether this server may act (package lease).
@@ -102,6 +105,7 @@ type Clusters struct {
 	lease       Lease
 	handOff     bool
 	secrets     *secrets.Keyring
+	hub         *Hub
 	// defaultQuota is the limits of accounts without their own.
 	defaultQuota repository.Limits
 	// draining is set by Drain: the server is stopping and claims nothing.
@@ -125,7 +129,7 @@ func NewClusters(cfg ClustersConfig) *Clusters {
 	s := &Clusters{
 		store: cfg.Store, runner: cfg.Runner, infra: cfg.Infra, serverID: cfg.ServerID,
 		incarnation: cfg.Incarnation, deadlines: cfg.Deadlines, now: cfg.Clock, log: cfg.Logger, lease: cfg.Lease,
-		handOff: cfg.HandOff, secrets: cfg.Secrets, defaultQuota: cfg.DefaultQuota,
+		handOff: cfg.HandOff, secrets: cfg.Secrets, defaultQuota: cfg.DefaultQuota, hub: cfg.Hub,
 	}
 	if s.secrets == nil {
 		s.secrets = secrets.Ephemeral()

@@ -125,6 +125,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often resting clusters are reconciled against the infrastructure")
 	fs.DurationVar(&cfg.OrphanMachineGrace, "orphan-machine-grace", scanner.DefaultOrphanMachineGrace, "with --infra libvirt, a domain of a destroyed or unknown cluster (in this server's storage pool) older than this is removed")
 	fs.DurationVar(&cfg.JobRetention, "job-retention", 7*24*time.Hour, "finished operations, and the simulator's log of infrastructure calls, are purged after this")
+	fs.DurationVar(&cfg.WatchRetention, "watch-retention", scanner.DefaultChangeRetention, "the change feed watches read keeps its rows this long; a watch resumed from an older token is refused (WATCH_EXPIRED)")
+	fs.IntVar(&cfg.MaxWatchesPerAccount, "max-watches-per-account", service.DefaultMaxWatchesPerAccount, "how many WatchClusters and WatchOperation streams one account may have open on this server (RESOURCE_EXHAUSTED, WATCH_LIMIT, past it)")
 	fs.StringVar(&cfg.OnOwnerLoss, "on-owner-loss", server.OnOwnerLossResume, "what becomes of a running operation whose server stops or dies: resume (handed off on a graceful stop, adopted by a live server and run on from its last step) or fail (failed, its cluster recovered)")
 	fs.IntVar(&cfg.MaxOperationAttempts, "max-operation-attempts", 3, "with --on-owner-loss=resume, an operation that has run this many times fails when its server is lost again")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")

@@ -25,6 +25,89 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// What the message says.
+type WatchClustersResponse_Kind int32
+
+const (
+	// Never sent.
+	WatchClustersResponse_KIND_UNSPECIFIED WatchClustersResponse_Kind = 0
+	// The cluster's current state, sent at the start of a watch without a
+	// resume token.
+	WatchClustersResponse_EXISTING WatchClustersResponse_Kind = 1
+	// Every EXISTING message has been sent; later messages are changes.
+	// It carries no cluster.
+	WatchClustersResponse_SYNCED WatchClustersResponse_Kind = 2
+	// The cluster was created (event: CLUSTER_CREATED).
+	WatchClustersResponse_CREATED WatchClustersResponse_Kind = 3
+	// A history entry was written (event): a transition, an operation's
+	// end, an adoption, a hand-off, a repair.
+	WatchClustersResponse_CHANGED WatchClustersResponse_Kind = 4
+	// The cluster's operation recorded a step (progress).
+	WatchClustersResponse_PROGRESS WatchClustersResponse_Kind = 5
+	// The cluster's operation ended (progress, done).
+	WatchClustersResponse_OPERATION_ENDED WatchClustersResponse_Kind = 6
+	// The cluster became DESTROYED (event).
+	WatchClustersResponse_DELETED WatchClustersResponse_Kind = 7
+	// No change for this watch, only a newer resume token: sent now and
+	// then (about once a minute) while changes it does not keep go by, so
+	// that an idle watch's token does not outlive the feed's retention.
+	// It carries no cluster.
+	WatchClustersResponse_BOOKMARK WatchClustersResponse_Kind = 8
+)
+
+// Enum value maps for WatchClustersResponse_Kind.
+var (
+	WatchClustersResponse_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "EXISTING",
+		2: "SYNCED",
+		3: "CREATED",
+		4: "CHANGED",
+		5: "PROGRESS",
+		6: "OPERATION_ENDED",
+		7: "DELETED",
+		8: "BOOKMARK",
+	}
+	WatchClustersResponse_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"EXISTING":         1,
+		"SYNCED":           2,
+		"CREATED":          3,
+		"CHANGED":          4,
+		"PROGRESS":         5,
+		"OPERATION_ENDED":  6,
+		"DELETED":          7,
+		"BOOKMARK":         8,
+	}
+)
+
+func (x WatchClustersResponse_Kind) Enum() *WatchClustersResponse_Kind {
+	p := new(WatchClustersResponse_Kind)
+	*p = x
+	return p
+}
+
+func (x WatchClustersResponse_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchClustersResponse_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[0].Descriptor()
+}
+
+func (WatchClustersResponse_Kind) Type() protoreflect.EnumType {
+	return &file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[0]
+}
+
+func (x WatchClustersResponse_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchClustersResponse_Kind.Descriptor instead.
+func (WatchClustersResponse_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{1, 0}
+}
+
 // The lifecycle state. The names are those of the state machine in the
 // clusterd specification (modelled on CloudStack's Kubernetes service).
 type Cluster_State int32
@@ -115,11 +198,11 @@ func (x Cluster_State) String() string {
 }
 
 func (Cluster_State) Descriptor() protoreflect.EnumDescriptor {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[0].Descriptor()
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[1].Descriptor()
 }
 
 func (Cluster_State) Type() protoreflect.EnumType {
-	return &file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[0]
+	return &file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[1]
 }
 
 func (x Cluster_State) Number() protoreflect.EnumNumber {
@@ -128,7 +211,7 @@ func (x Cluster_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Cluster_State.Descriptor instead.
 func (Cluster_State) EnumDescriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{0, 0}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{4, 0}
 }
 
 // What a machine does in a cluster.
@@ -172,11 +255,11 @@ func (x Node_Role) String() string {
 }
 
 func (Node_Role) Descriptor() protoreflect.EnumDescriptor {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[1].Descriptor()
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[2].Descriptor()
 }
 
 func (Node_Role) Type() protoreflect.EnumType {
-	return &file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[1]
+	return &file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[2]
 }
 
 func (x Node_Role) Number() protoreflect.EnumNumber {
@@ -185,7 +268,7 @@ func (x Node_Role) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Node_Role.Descriptor instead.
 func (Node_Role) EnumDescriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{2, 0}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{6, 0}
 }
 
 // A machine's power state.
@@ -225,11 +308,11 @@ func (x Node_Power) String() string {
 }
 
 func (Node_Power) Descriptor() protoreflect.EnumDescriptor {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[2].Descriptor()
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[3].Descriptor()
 }
 
 func (Node_Power) Type() protoreflect.EnumType {
-	return &file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[2]
+	return &file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes[3]
 }
 
 func (x Node_Power) Number() protoreflect.EnumNumber {
@@ -238,7 +321,297 @@ func (x Node_Power) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Node_Power.Descriptor instead.
 func (Node_Power) EnumDescriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{2, 1}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{6, 1}
+}
+
+// Request for WatchClusters.
+type WatchClustersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An AIP-160 filter, as ListClusters takes (DESTROYED clusters are
+	// included only when it names the state; a change that makes a cluster
+	// DESTROYED is always sent, as DELETED).
+	Filter string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// One cluster, `clusters/{uuid}`, instead of (or as well as) a filter.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The resume_token of a message of an earlier watch with the same filter
+	// and name: the watch goes on after that message, without the initial
+	// state.
+	ResumeToken   string `protobuf:"bytes,3,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchClustersRequest) Reset() {
+	*x = WatchClustersRequest{}
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchClustersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchClustersRequest) ProtoMessage() {}
+
+func (x *WatchClustersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchClustersRequest.ProtoReflect.Descriptor instead.
+func (*WatchClustersRequest) Descriptor() ([]byte, []int) {
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WatchClustersRequest) GetFilter() string {
+	if x != nil {
+		return x.Filter
+	}
+	return ""
+}
+
+func (x *WatchClustersRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WatchClustersRequest) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
+// One message of WatchClusters.
+type WatchClustersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the message says.
+	Kind WatchClustersResponse_Kind `protobuf:"varint,1,opt,name=kind,proto3,enum=clusterlifecycle.v1.WatchClustersResponse_Kind" json:"kind,omitempty"`
+	// The cluster as GetCluster returns it, with its state, etag and current
+	// operation as the change left them (its other fields as read when the
+	// change was sent).
+	Cluster *Cluster `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// The history entry the change wrote (CREATED, CHANGED, DELETED).
+	Event *ClusterEvent `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
+	// Where the operation of the change stands (PROGRESS, OPERATION_ENDED,
+	// and CHANGED when the entry names a running operation).
+	Progress *OperationProgress `protobuf:"bytes,4,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Resume a watch here: pass it as WatchClustersRequest.resume_token.
+	ResumeToken   string `protobuf:"bytes,5,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchClustersResponse) Reset() {
+	*x = WatchClustersResponse{}
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchClustersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchClustersResponse) ProtoMessage() {}
+
+func (x *WatchClustersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchClustersResponse.ProtoReflect.Descriptor instead.
+func (*WatchClustersResponse) Descriptor() ([]byte, []int) {
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WatchClustersResponse) GetKind() WatchClustersResponse_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return WatchClustersResponse_KIND_UNSPECIFIED
+}
+
+func (x *WatchClustersResponse) GetCluster() *Cluster {
+	if x != nil {
+		return x.Cluster
+	}
+	return nil
+}
+
+func (x *WatchClustersResponse) GetEvent() *ClusterEvent {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchClustersResponse) GetProgress() *OperationProgress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *WatchClustersResponse) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
+// Where an operation stands.
+type OperationProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// `operations/{id}`.
+	Operation string `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// The operation's verb (create, start, ...).
+	Verb string `protobuf:"bytes,2,opt,name=verb,proto3" json:"verb,omitempty"`
+	// The step it recorded last.
+	Step string `protobuf:"bytes,3,opt,name=step,proto3" json:"step,omitempty"`
+	// Steps done, of steps_total.
+	StepsDone int32 `protobuf:"varint,4,opt,name=steps_done,json=stepsDone,proto3" json:"steps_done,omitempty"`
+	// Steps in all.
+	StepsTotal int32 `protobuf:"varint,5,opt,name=steps_total,json=stepsTotal,proto3" json:"steps_total,omitempty"`
+	// Set once it has ended.
+	Done          bool `protobuf:"varint,6,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperationProgress) Reset() {
+	*x = OperationProgress{}
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationProgress) ProtoMessage() {}
+
+func (x *OperationProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationProgress.ProtoReflect.Descriptor instead.
+func (*OperationProgress) Descriptor() ([]byte, []int) {
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *OperationProgress) GetOperation() string {
+	if x != nil {
+		return x.Operation
+	}
+	return ""
+}
+
+func (x *OperationProgress) GetVerb() string {
+	if x != nil {
+		return x.Verb
+	}
+	return ""
+}
+
+func (x *OperationProgress) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *OperationProgress) GetStepsDone() int32 {
+	if x != nil {
+		return x.StepsDone
+	}
+	return 0
+}
+
+func (x *OperationProgress) GetStepsTotal() int32 {
+	if x != nil {
+		return x.StepsTotal
+	}
+	return 0
+}
+
+func (x *OperationProgress) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+// Request for WatchOperation.
+type WatchOperationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// `operations/{id}`.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchOperationRequest) Reset() {
+	*x = WatchOperationRequest{}
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchOperationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchOperationRequest) ProtoMessage() {}
+
+func (x *WatchOperationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchOperationRequest.ProtoReflect.Descriptor instead.
+func (*WatchOperationRequest) Descriptor() ([]byte, []int) {
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *WatchOperationRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
 }
 
 // A Kubernetes cluster managed by clusterd.
@@ -297,7 +670,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[0]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -309,7 +682,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[0]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -322,7 +695,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{0}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Cluster) GetName() string {
@@ -480,7 +853,7 @@ type Autoscaling struct {
 
 func (x *Autoscaling) Reset() {
 	*x = Autoscaling{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[1]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -492,7 +865,7 @@ func (x *Autoscaling) String() string {
 func (*Autoscaling) ProtoMessage() {}
 
 func (x *Autoscaling) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[1]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -505,7 +878,7 @@ func (x *Autoscaling) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Autoscaling.ProtoReflect.Descriptor instead.
 func (*Autoscaling) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{1}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Autoscaling) GetEnabled() bool {
@@ -548,7 +921,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[2]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +933,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[2]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +946,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{2}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Node) GetName() string {
@@ -646,7 +1019,7 @@ type OperationMetadata struct {
 
 func (x *OperationMetadata) Reset() {
 	*x = OperationMetadata{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[3]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +1031,7 @@ func (x *OperationMetadata) String() string {
 func (*OperationMetadata) ProtoMessage() {}
 
 func (x *OperationMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[3]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +1044,7 @@ func (x *OperationMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationMetadata.ProtoReflect.Descriptor instead.
 func (*OperationMetadata) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{3}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *OperationMetadata) GetCluster() string {
@@ -758,7 +1131,7 @@ type CreateClusterRequest struct {
 
 func (x *CreateClusterRequest) Reset() {
 	*x = CreateClusterRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[4]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +1143,7 @@ func (x *CreateClusterRequest) String() string {
 func (*CreateClusterRequest) ProtoMessage() {}
 
 func (x *CreateClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[4]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +1156,7 @@ func (x *CreateClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateClusterRequest.ProtoReflect.Descriptor instead.
 func (*CreateClusterRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{4}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateClusterRequest) GetCluster() *Cluster {
@@ -811,7 +1184,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[5]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +1196,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[5]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +1209,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{5}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetClusterRequest) GetName() string {
@@ -868,7 +1241,7 @@ type ListClustersRequest struct {
 
 func (x *ListClustersRequest) Reset() {
 	*x = ListClustersRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[6]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +1253,7 @@ func (x *ListClustersRequest) String() string {
 func (*ListClustersRequest) ProtoMessage() {}
 
 func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[6]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1266,7 @@ func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersRequest.ProtoReflect.Descriptor instead.
 func (*ListClustersRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{6}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListClustersRequest) GetPageSize() int32 {
@@ -930,7 +1303,7 @@ type ListClustersResponse struct {
 
 func (x *ListClustersResponse) Reset() {
 	*x = ListClustersResponse{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[7]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1315,7 @@ func (x *ListClustersResponse) String() string {
 func (*ListClustersResponse) ProtoMessage() {}
 
 func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[7]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1328,7 @@ func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersResponse.ProtoReflect.Descriptor instead.
 func (*ListClustersResponse) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{7}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListClustersResponse) GetClusters() []*Cluster {
@@ -987,7 +1360,7 @@ type StartClusterRequest struct {
 
 func (x *StartClusterRequest) Reset() {
 	*x = StartClusterRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[8]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1372,7 @@ func (x *StartClusterRequest) String() string {
 func (*StartClusterRequest) ProtoMessage() {}
 
 func (x *StartClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[8]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1385,7 @@ func (x *StartClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartClusterRequest.ProtoReflect.Descriptor instead.
 func (*StartClusterRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{8}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StartClusterRequest) GetName() string {
@@ -1051,7 +1424,7 @@ type StopClusterRequest struct {
 
 func (x *StopClusterRequest) Reset() {
 	*x = StopClusterRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[9]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1436,7 @@ func (x *StopClusterRequest) String() string {
 func (*StopClusterRequest) ProtoMessage() {}
 
 func (x *StopClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[9]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1449,7 @@ func (x *StopClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopClusterRequest.ProtoReflect.Descriptor instead.
 func (*StopClusterRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{9}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StopClusterRequest) GetName() string {
@@ -1124,7 +1497,7 @@ type ScaleClusterRequest struct {
 
 func (x *ScaleClusterRequest) Reset() {
 	*x = ScaleClusterRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[10]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1136,7 +1509,7 @@ func (x *ScaleClusterRequest) String() string {
 func (*ScaleClusterRequest) ProtoMessage() {}
 
 func (x *ScaleClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[10]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1149,7 +1522,7 @@ func (x *ScaleClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleClusterRequest.ProtoReflect.Descriptor instead.
 func (*ScaleClusterRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{10}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ScaleClusterRequest) GetName() string {
@@ -1218,7 +1591,7 @@ type UpgradeClusterRequest struct {
 
 func (x *UpgradeClusterRequest) Reset() {
 	*x = UpgradeClusterRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[11]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1603,7 @@ func (x *UpgradeClusterRequest) String() string {
 func (*UpgradeClusterRequest) ProtoMessage() {}
 
 func (x *UpgradeClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[11]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1616,7 @@ func (x *UpgradeClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeClusterRequest.ProtoReflect.Descriptor instead.
 func (*UpgradeClusterRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{11}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UpgradeClusterRequest) GetName() string {
@@ -1289,7 +1662,7 @@ type AddNodesRequest struct {
 
 func (x *AddNodesRequest) Reset() {
 	*x = AddNodesRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[12]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1674,7 @@ func (x *AddNodesRequest) String() string {
 func (*AddNodesRequest) ProtoMessage() {}
 
 func (x *AddNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[12]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1687,7 @@ func (x *AddNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodesRequest.ProtoReflect.Descriptor instead.
 func (*AddNodesRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{12}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AddNodesRequest) GetName() string {
@@ -1353,7 +1726,7 @@ type RemoveNodesRequest struct {
 
 func (x *RemoveNodesRequest) Reset() {
 	*x = RemoveNodesRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[13]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1738,7 @@ func (x *RemoveNodesRequest) String() string {
 func (*RemoveNodesRequest) ProtoMessage() {}
 
 func (x *RemoveNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[13]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1751,7 @@ func (x *RemoveNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodesRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodesRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{13}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RemoveNodesRequest) GetName() string {
@@ -1417,7 +1790,7 @@ type DeleteClusterRequest struct {
 
 func (x *DeleteClusterRequest) Reset() {
 	*x = DeleteClusterRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[14]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1802,7 @@ func (x *DeleteClusterRequest) String() string {
 func (*DeleteClusterRequest) ProtoMessage() {}
 
 func (x *DeleteClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[14]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1815,7 @@ func (x *DeleteClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteClusterRequest.ProtoReflect.Descriptor instead.
 func (*DeleteClusterRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{14}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteClusterRequest) GetName() string {
@@ -1493,7 +1866,7 @@ type ClusterEvent struct {
 
 func (x *ClusterEvent) Reset() {
 	*x = ClusterEvent{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[15]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1505,7 +1878,7 @@ func (x *ClusterEvent) String() string {
 func (*ClusterEvent) ProtoMessage() {}
 
 func (x *ClusterEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[15]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1891,7 @@ func (x *ClusterEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterEvent.ProtoReflect.Descriptor instead.
 func (*ClusterEvent) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{15}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ClusterEvent) GetName() string {
@@ -1592,7 +1965,7 @@ type ListClusterEventsRequest struct {
 
 func (x *ListClusterEventsRequest) Reset() {
 	*x = ListClusterEventsRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[16]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +1977,7 @@ func (x *ListClusterEventsRequest) String() string {
 func (*ListClusterEventsRequest) ProtoMessage() {}
 
 func (x *ListClusterEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[16]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +1990,7 @@ func (x *ListClusterEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClusterEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListClusterEventsRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{16}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListClusterEventsRequest) GetParent() string {
@@ -1654,7 +2027,7 @@ type ListClusterEventsResponse struct {
 
 func (x *ListClusterEventsResponse) Reset() {
 	*x = ListClusterEventsResponse{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[17]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +2039,7 @@ func (x *ListClusterEventsResponse) String() string {
 func (*ListClusterEventsResponse) ProtoMessage() {}
 
 func (x *ListClusterEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[17]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +2052,7 @@ func (x *ListClusterEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClusterEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListClusterEventsResponse) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{17}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListClusterEventsResponse) GetEvents() []*ClusterEvent {
@@ -1707,7 +2080,7 @@ type GetKubeconfigRequest struct {
 
 func (x *GetKubeconfigRequest) Reset() {
 	*x = GetKubeconfigRequest{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[18]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +2092,7 @@ func (x *GetKubeconfigRequest) String() string {
 func (*GetKubeconfigRequest) ProtoMessage() {}
 
 func (x *GetKubeconfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[18]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +2105,7 @@ func (x *GetKubeconfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKubeconfigRequest.ProtoReflect.Descriptor instead.
 func (*GetKubeconfigRequest) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{18}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetKubeconfigRequest) GetName() string {
@@ -1762,7 +2135,7 @@ type Kubeconfig struct {
 
 func (x *Kubeconfig) Reset() {
 	*x = Kubeconfig{}
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[19]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +2147,7 @@ func (x *Kubeconfig) String() string {
 func (*Kubeconfig) ProtoMessage() {}
 
 func (x *Kubeconfig) ProtoReflect() protoreflect.Message {
-	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[19]
+	mi := &file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +2160,7 @@ func (x *Kubeconfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Kubeconfig.ProtoReflect.Descriptor instead.
 func (*Kubeconfig) Descriptor() ([]byte, []int) {
-	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{19}
+	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Kubeconfig) GetKubeconfig() string {
@@ -1822,7 +2195,40 @@ var File_clusterlifecycle_v1_clusterlifecycle_proto protoreflect.FileDescriptor
 
 const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\n" +
-	"*clusterlifecycle/v1/clusterlifecycle.proto\x12\x13clusterlifecycle.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x17google/api/client.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a#google/longrunning/operations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\x9e\n" +
+	"*clusterlifecycle/v1/clusterlifecycle.proto\x12\x13clusterlifecycle.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x17google/api/client.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a#google/longrunning/operations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\x9e\x01\n" +
+	"\x14WatchClustersRequest\x12\x1b\n" +
+	"\x06filter\x18\x01 \x01(\tB\x03\xe0A\x01R\x06filter\x12A\n" +
+	"\x04name\x18\x02 \x01(\tB-\xe0A\x01\xfaA'\n" +
+	"%clusterlifecycle.clusterd.dev/ClusterR\x04name\x12&\n" +
+	"\fresume_token\x18\x03 \x01(\tB\x03\xe0A\x01R\vresumeToken\"\xc5\x03\n" +
+	"\x15WatchClustersResponse\x12C\n" +
+	"\x04kind\x18\x01 \x01(\x0e2/.clusterlifecycle.v1.WatchClustersResponse.KindR\x04kind\x126\n" +
+	"\acluster\x18\x02 \x01(\v2\x1c.clusterlifecycle.v1.ClusterR\acluster\x127\n" +
+	"\x05event\x18\x03 \x01(\v2!.clusterlifecycle.v1.ClusterEventR\x05event\x12B\n" +
+	"\bprogress\x18\x04 \x01(\v2&.clusterlifecycle.v1.OperationProgressR\bprogress\x12!\n" +
+	"\fresume_token\x18\x05 \x01(\tR\vresumeToken\"\x8e\x01\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\f\n" +
+	"\bEXISTING\x10\x01\x12\n" +
+	"\n" +
+	"\x06SYNCED\x10\x02\x12\v\n" +
+	"\aCREATED\x10\x03\x12\v\n" +
+	"\aCHANGED\x10\x04\x12\f\n" +
+	"\bPROGRESS\x10\x05\x12\x13\n" +
+	"\x0fOPERATION_ENDED\x10\x06\x12\v\n" +
+	"\aDELETED\x10\a\x12\f\n" +
+	"\bBOOKMARK\x10\b\"\xad\x01\n" +
+	"\x11OperationProgress\x12\x1c\n" +
+	"\toperation\x18\x01 \x01(\tR\toperation\x12\x12\n" +
+	"\x04verb\x18\x02 \x01(\tR\x04verb\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\tR\x04step\x12\x1d\n" +
+	"\n" +
+	"steps_done\x18\x04 \x01(\x05R\tstepsDone\x12\x1f\n" +
+	"\vsteps_total\x18\x05 \x01(\x05R\n" +
+	"stepsTotal\x12\x12\n" +
+	"\x04done\x18\x06 \x01(\bR\x04done\"0\n" +
+	"\x15WatchOperationRequest\x12\x17\n" +
+	"\x04name\x18\x01 \x01(\tB\x03\xe0A\x02R\x04name\"\x9e\n" +
 	"\n" +
 	"\aCluster\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\bR\x04name\x12&\n" +
@@ -1997,7 +2403,7 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"kubeconfig\x12\x1b\n" +
 	"\x06server\x18\x02 \x01(\tB\x03\xe0A\x03R\x06server\x128\n" +
 	"\x15certificate_authority\x18\x03 \x01(\tB\x03\xe0A\x03R\x14certificateAuthority\x12\x1d\n" +
-	"\acontext\x18\x04 \x01(\tB\x03\xe0A\x03R\acontext2\x9c\x0f\n" +
+	"\acontext\x18\x04 \x01(\tB\x03\xe0A\x03R\acontext2\xb1\x11\n" +
 	"\x10ClusterLifecycle\x12\xa1\x01\n" +
 	"\rCreateCluster\x12).clusterlifecycle.v1.CreateClusterRequest\x1a\x1d.google.longrunning.Operation\"F\xcaA\x1c\n" +
 	"\aCluster\x12\x11OperationMetadata\xdaA\acluster\x82\xd3\xe4\x93\x02\x17:\acluster\"\f/v1/clusters\x12x\n" +
@@ -2020,7 +2426,9 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\rDeleteCluster\x12).clusterlifecycle.v1.DeleteClusterRequest\x1a\x1d.google.longrunning.Operation\"Q\xcaA*\n" +
 	"\x15google.protobuf.Empty\x12\x11OperationMetadata\xdaA\x04name\x82\xd3\xe4\x93\x02\x17*\x15/v1/{name=clusters/*}\x12\xa3\x01\n" +
 	"\x11ListClusterEvents\x12-.clusterlifecycle.v1.ListClusterEventsRequest\x1a..clusterlifecycle.v1.ListClusterEventsResponse\"/\xdaA\x06parent\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{parent=clusters/*}/events\x12\x8c\x01\n" +
-	"\rGetKubeconfig\x12).clusterlifecycle.v1.GetKubeconfigRequest\x1a\x1f.clusterlifecycle.v1.Kubeconfig\"/\xdaA\x04name\x82\xd3\xe4\x93\x02\"\x12 /v1/{name=clusters/*}:kubeconfigB\xd7\x1d\x92A\xcf\x1c\x12\x8a\x04\n" +
+	"\rGetKubeconfig\x12).clusterlifecycle.v1.GetKubeconfigRequest\x1a\x1f.clusterlifecycle.v1.Kubeconfig\"/\xdaA\x04name\x82\xd3\xe4\x93\x02\"\x12 /v1/{name=clusters/*}:kubeconfig\x12\x84\x01\n" +
+	"\rWatchClusters\x12).clusterlifecycle.v1.WatchClustersRequest\x1a*.clusterlifecycle.v1.WatchClustersResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/clusters:watch0\x01\x12\x8b\x01\n" +
+	"\x0eWatchOperation\x12*.clusterlifecycle.v1.WatchOperationRequest\x1a\x1d.google.longrunning.Operation\",\xdaA\x04name\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/{name=operations/*}:watch0\x01B\xd7\x1d\x92A\xcf\x1c\x12\x8a\x04\n" +
 	"\fclusterd API\x12\xf5\x03clusterd runs the lifecycle of Kubernetes clusters. Mutations return a google.longrunning.Operation at once: follow it with GET /v1/operations/{id} or POST /v1/operations/{id}:wait until `done`; its `metadata` is an OperationMetadata (step and progress) and its `response` the Cluster. Errors are google.rpc.Status values whose `details` carry a google.rpc.ErrorInfo (domain clusterd.dev, stable `reason` such as OPERATION_IN_PROGRESS) and, for invalid input, a google.rpc.BadRequest naming the field.2\x02v1*\x02\x01\x022\x10application/json:\x10application/jsonR\xad\x05\n" +
 	"\x03400\x12\xa5\x05\n" +
 	"\xd7\x01The request is invalid: a field's value (INVALID_ARGUMENT, with a google.rpc.BadRequest naming each field), or the cluster is not in a state the operation starts from (FAILED_PRECONDITION, INVALID_STATE_TRANSITION).\x12\x16\n" +
@@ -2073,82 +2481,95 @@ func file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescGZIP() []byte {
 	return file_clusterlifecycle_v1_clusterlifecycle_proto_rawDescData
 }
 
-var file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_clusterlifecycle_v1_clusterlifecycle_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_clusterlifecycle_v1_clusterlifecycle_proto_goTypes = []any{
-	(Cluster_State)(0),                // 0: clusterlifecycle.v1.Cluster.State
-	(Node_Role)(0),                    // 1: clusterlifecycle.v1.Node.Role
-	(Node_Power)(0),                   // 2: clusterlifecycle.v1.Node.Power
-	(*Cluster)(nil),                   // 3: clusterlifecycle.v1.Cluster
-	(*Autoscaling)(nil),               // 4: clusterlifecycle.v1.Autoscaling
-	(*Node)(nil),                      // 5: clusterlifecycle.v1.Node
-	(*OperationMetadata)(nil),         // 6: clusterlifecycle.v1.OperationMetadata
-	(*CreateClusterRequest)(nil),      // 7: clusterlifecycle.v1.CreateClusterRequest
-	(*GetClusterRequest)(nil),         // 8: clusterlifecycle.v1.GetClusterRequest
-	(*ListClustersRequest)(nil),       // 9: clusterlifecycle.v1.ListClustersRequest
-	(*ListClustersResponse)(nil),      // 10: clusterlifecycle.v1.ListClustersResponse
-	(*StartClusterRequest)(nil),       // 11: clusterlifecycle.v1.StartClusterRequest
-	(*StopClusterRequest)(nil),        // 12: clusterlifecycle.v1.StopClusterRequest
-	(*ScaleClusterRequest)(nil),       // 13: clusterlifecycle.v1.ScaleClusterRequest
-	(*UpgradeClusterRequest)(nil),     // 14: clusterlifecycle.v1.UpgradeClusterRequest
-	(*AddNodesRequest)(nil),           // 15: clusterlifecycle.v1.AddNodesRequest
-	(*RemoveNodesRequest)(nil),        // 16: clusterlifecycle.v1.RemoveNodesRequest
-	(*DeleteClusterRequest)(nil),      // 17: clusterlifecycle.v1.DeleteClusterRequest
-	(*ClusterEvent)(nil),              // 18: clusterlifecycle.v1.ClusterEvent
-	(*ListClusterEventsRequest)(nil),  // 19: clusterlifecycle.v1.ListClusterEventsRequest
-	(*ListClusterEventsResponse)(nil), // 20: clusterlifecycle.v1.ListClusterEventsResponse
-	(*GetKubeconfigRequest)(nil),      // 21: clusterlifecycle.v1.GetKubeconfigRequest
-	(*Kubeconfig)(nil),                // 22: clusterlifecycle.v1.Kubeconfig
-	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
-	(*longrunningpb.Operation)(nil),   // 24: google.longrunning.Operation
+	(WatchClustersResponse_Kind)(0),   // 0: clusterlifecycle.v1.WatchClustersResponse.Kind
+	(Cluster_State)(0),                // 1: clusterlifecycle.v1.Cluster.State
+	(Node_Role)(0),                    // 2: clusterlifecycle.v1.Node.Role
+	(Node_Power)(0),                   // 3: clusterlifecycle.v1.Node.Power
+	(*WatchClustersRequest)(nil),      // 4: clusterlifecycle.v1.WatchClustersRequest
+	(*WatchClustersResponse)(nil),     // 5: clusterlifecycle.v1.WatchClustersResponse
+	(*OperationProgress)(nil),         // 6: clusterlifecycle.v1.OperationProgress
+	(*WatchOperationRequest)(nil),     // 7: clusterlifecycle.v1.WatchOperationRequest
+	(*Cluster)(nil),                   // 8: clusterlifecycle.v1.Cluster
+	(*Autoscaling)(nil),               // 9: clusterlifecycle.v1.Autoscaling
+	(*Node)(nil),                      // 10: clusterlifecycle.v1.Node
+	(*OperationMetadata)(nil),         // 11: clusterlifecycle.v1.OperationMetadata
+	(*CreateClusterRequest)(nil),      // 12: clusterlifecycle.v1.CreateClusterRequest
+	(*GetClusterRequest)(nil),         // 13: clusterlifecycle.v1.GetClusterRequest
+	(*ListClustersRequest)(nil),       // 14: clusterlifecycle.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),      // 15: clusterlifecycle.v1.ListClustersResponse
+	(*StartClusterRequest)(nil),       // 16: clusterlifecycle.v1.StartClusterRequest
+	(*StopClusterRequest)(nil),        // 17: clusterlifecycle.v1.StopClusterRequest
+	(*ScaleClusterRequest)(nil),       // 18: clusterlifecycle.v1.ScaleClusterRequest
+	(*UpgradeClusterRequest)(nil),     // 19: clusterlifecycle.v1.UpgradeClusterRequest
+	(*AddNodesRequest)(nil),           // 20: clusterlifecycle.v1.AddNodesRequest
+	(*RemoveNodesRequest)(nil),        // 21: clusterlifecycle.v1.RemoveNodesRequest
+	(*DeleteClusterRequest)(nil),      // 22: clusterlifecycle.v1.DeleteClusterRequest
+	(*ClusterEvent)(nil),              // 23: clusterlifecycle.v1.ClusterEvent
+	(*ListClusterEventsRequest)(nil),  // 24: clusterlifecycle.v1.ListClusterEventsRequest
+	(*ListClusterEventsResponse)(nil), // 25: clusterlifecycle.v1.ListClusterEventsResponse
+	(*GetKubeconfigRequest)(nil),      // 26: clusterlifecycle.v1.GetKubeconfigRequest
+	(*Kubeconfig)(nil),                // 27: clusterlifecycle.v1.Kubeconfig
+	(*timestamppb.Timestamp)(nil),     // 28: google.protobuf.Timestamp
+	(*longrunningpb.Operation)(nil),   // 29: google.longrunning.Operation
 }
 var file_clusterlifecycle_v1_clusterlifecycle_proto_depIdxs = []int32{
-	0,  // 0: clusterlifecycle.v1.Cluster.state:type_name -> clusterlifecycle.v1.Cluster.State
-	4,  // 1: clusterlifecycle.v1.Cluster.autoscaling:type_name -> clusterlifecycle.v1.Autoscaling
-	5,  // 2: clusterlifecycle.v1.Cluster.nodes:type_name -> clusterlifecycle.v1.Node
-	23, // 3: clusterlifecycle.v1.Cluster.create_time:type_name -> google.protobuf.Timestamp
-	23, // 4: clusterlifecycle.v1.Cluster.update_time:type_name -> google.protobuf.Timestamp
-	23, // 5: clusterlifecycle.v1.Cluster.status_time:type_name -> google.protobuf.Timestamp
-	1,  // 6: clusterlifecycle.v1.Node.role:type_name -> clusterlifecycle.v1.Node.Role
-	2,  // 7: clusterlifecycle.v1.Node.power:type_name -> clusterlifecycle.v1.Node.Power
-	23, // 8: clusterlifecycle.v1.OperationMetadata.create_time:type_name -> google.protobuf.Timestamp
-	23, // 9: clusterlifecycle.v1.OperationMetadata.end_time:type_name -> google.protobuf.Timestamp
-	3,  // 10: clusterlifecycle.v1.CreateClusterRequest.cluster:type_name -> clusterlifecycle.v1.Cluster
-	3,  // 11: clusterlifecycle.v1.ListClustersResponse.clusters:type_name -> clusterlifecycle.v1.Cluster
-	4,  // 12: clusterlifecycle.v1.ScaleClusterRequest.autoscaling:type_name -> clusterlifecycle.v1.Autoscaling
-	23, // 13: clusterlifecycle.v1.ClusterEvent.time:type_name -> google.protobuf.Timestamp
-	0,  // 14: clusterlifecycle.v1.ClusterEvent.from_state:type_name -> clusterlifecycle.v1.Cluster.State
-	0,  // 15: clusterlifecycle.v1.ClusterEvent.to_state:type_name -> clusterlifecycle.v1.Cluster.State
-	18, // 16: clusterlifecycle.v1.ListClusterEventsResponse.events:type_name -> clusterlifecycle.v1.ClusterEvent
-	7,  // 17: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:input_type -> clusterlifecycle.v1.CreateClusterRequest
-	8,  // 18: clusterlifecycle.v1.ClusterLifecycle.GetCluster:input_type -> clusterlifecycle.v1.GetClusterRequest
-	9,  // 19: clusterlifecycle.v1.ClusterLifecycle.ListClusters:input_type -> clusterlifecycle.v1.ListClustersRequest
-	11, // 20: clusterlifecycle.v1.ClusterLifecycle.StartCluster:input_type -> clusterlifecycle.v1.StartClusterRequest
-	12, // 21: clusterlifecycle.v1.ClusterLifecycle.StopCluster:input_type -> clusterlifecycle.v1.StopClusterRequest
-	13, // 22: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:input_type -> clusterlifecycle.v1.ScaleClusterRequest
-	14, // 23: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:input_type -> clusterlifecycle.v1.UpgradeClusterRequest
-	15, // 24: clusterlifecycle.v1.ClusterLifecycle.AddNodes:input_type -> clusterlifecycle.v1.AddNodesRequest
-	16, // 25: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:input_type -> clusterlifecycle.v1.RemoveNodesRequest
-	17, // 26: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:input_type -> clusterlifecycle.v1.DeleteClusterRequest
-	19, // 27: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:input_type -> clusterlifecycle.v1.ListClusterEventsRequest
-	21, // 28: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:input_type -> clusterlifecycle.v1.GetKubeconfigRequest
-	24, // 29: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:output_type -> google.longrunning.Operation
-	3,  // 30: clusterlifecycle.v1.ClusterLifecycle.GetCluster:output_type -> clusterlifecycle.v1.Cluster
-	10, // 31: clusterlifecycle.v1.ClusterLifecycle.ListClusters:output_type -> clusterlifecycle.v1.ListClustersResponse
-	24, // 32: clusterlifecycle.v1.ClusterLifecycle.StartCluster:output_type -> google.longrunning.Operation
-	24, // 33: clusterlifecycle.v1.ClusterLifecycle.StopCluster:output_type -> google.longrunning.Operation
-	24, // 34: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:output_type -> google.longrunning.Operation
-	24, // 35: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:output_type -> google.longrunning.Operation
-	24, // 36: clusterlifecycle.v1.ClusterLifecycle.AddNodes:output_type -> google.longrunning.Operation
-	24, // 37: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:output_type -> google.longrunning.Operation
-	24, // 38: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:output_type -> google.longrunning.Operation
-	20, // 39: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:output_type -> clusterlifecycle.v1.ListClusterEventsResponse
-	22, // 40: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:output_type -> clusterlifecycle.v1.Kubeconfig
-	29, // [29:41] is the sub-list for method output_type
-	17, // [17:29] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	0,  // 0: clusterlifecycle.v1.WatchClustersResponse.kind:type_name -> clusterlifecycle.v1.WatchClustersResponse.Kind
+	8,  // 1: clusterlifecycle.v1.WatchClustersResponse.cluster:type_name -> clusterlifecycle.v1.Cluster
+	23, // 2: clusterlifecycle.v1.WatchClustersResponse.event:type_name -> clusterlifecycle.v1.ClusterEvent
+	6,  // 3: clusterlifecycle.v1.WatchClustersResponse.progress:type_name -> clusterlifecycle.v1.OperationProgress
+	1,  // 4: clusterlifecycle.v1.Cluster.state:type_name -> clusterlifecycle.v1.Cluster.State
+	9,  // 5: clusterlifecycle.v1.Cluster.autoscaling:type_name -> clusterlifecycle.v1.Autoscaling
+	10, // 6: clusterlifecycle.v1.Cluster.nodes:type_name -> clusterlifecycle.v1.Node
+	28, // 7: clusterlifecycle.v1.Cluster.create_time:type_name -> google.protobuf.Timestamp
+	28, // 8: clusterlifecycle.v1.Cluster.update_time:type_name -> google.protobuf.Timestamp
+	28, // 9: clusterlifecycle.v1.Cluster.status_time:type_name -> google.protobuf.Timestamp
+	2,  // 10: clusterlifecycle.v1.Node.role:type_name -> clusterlifecycle.v1.Node.Role
+	3,  // 11: clusterlifecycle.v1.Node.power:type_name -> clusterlifecycle.v1.Node.Power
+	28, // 12: clusterlifecycle.v1.OperationMetadata.create_time:type_name -> google.protobuf.Timestamp
+	28, // 13: clusterlifecycle.v1.OperationMetadata.end_time:type_name -> google.protobuf.Timestamp
+	8,  // 14: clusterlifecycle.v1.CreateClusterRequest.cluster:type_name -> clusterlifecycle.v1.Cluster
+	8,  // 15: clusterlifecycle.v1.ListClustersResponse.clusters:type_name -> clusterlifecycle.v1.Cluster
+	9,  // 16: clusterlifecycle.v1.ScaleClusterRequest.autoscaling:type_name -> clusterlifecycle.v1.Autoscaling
+	28, // 17: clusterlifecycle.v1.ClusterEvent.time:type_name -> google.protobuf.Timestamp
+	1,  // 18: clusterlifecycle.v1.ClusterEvent.from_state:type_name -> clusterlifecycle.v1.Cluster.State
+	1,  // 19: clusterlifecycle.v1.ClusterEvent.to_state:type_name -> clusterlifecycle.v1.Cluster.State
+	23, // 20: clusterlifecycle.v1.ListClusterEventsResponse.events:type_name -> clusterlifecycle.v1.ClusterEvent
+	12, // 21: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:input_type -> clusterlifecycle.v1.CreateClusterRequest
+	13, // 22: clusterlifecycle.v1.ClusterLifecycle.GetCluster:input_type -> clusterlifecycle.v1.GetClusterRequest
+	14, // 23: clusterlifecycle.v1.ClusterLifecycle.ListClusters:input_type -> clusterlifecycle.v1.ListClustersRequest
+	16, // 24: clusterlifecycle.v1.ClusterLifecycle.StartCluster:input_type -> clusterlifecycle.v1.StartClusterRequest
+	17, // 25: clusterlifecycle.v1.ClusterLifecycle.StopCluster:input_type -> clusterlifecycle.v1.StopClusterRequest
+	18, // 26: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:input_type -> clusterlifecycle.v1.ScaleClusterRequest
+	19, // 27: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:input_type -> clusterlifecycle.v1.UpgradeClusterRequest
+	20, // 28: clusterlifecycle.v1.ClusterLifecycle.AddNodes:input_type -> clusterlifecycle.v1.AddNodesRequest
+	21, // 29: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:input_type -> clusterlifecycle.v1.RemoveNodesRequest
+	22, // 30: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:input_type -> clusterlifecycle.v1.DeleteClusterRequest
+	24, // 31: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:input_type -> clusterlifecycle.v1.ListClusterEventsRequest
+	26, // 32: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:input_type -> clusterlifecycle.v1.GetKubeconfigRequest
+	4,  // 33: clusterlifecycle.v1.ClusterLifecycle.WatchClusters:input_type -> clusterlifecycle.v1.WatchClustersRequest
+	7,  // 34: clusterlifecycle.v1.ClusterLifecycle.WatchOperation:input_type -> clusterlifecycle.v1.WatchOperationRequest
+	29, // 35: clusterlifecycle.v1.ClusterLifecycle.CreateCluster:output_type -> google.longrunning.Operation
+	8,  // 36: clusterlifecycle.v1.ClusterLifecycle.GetCluster:output_type -> clusterlifecycle.v1.Cluster
+	15, // 37: clusterlifecycle.v1.ClusterLifecycle.ListClusters:output_type -> clusterlifecycle.v1.ListClustersResponse
+	29, // 38: clusterlifecycle.v1.ClusterLifecycle.StartCluster:output_type -> google.longrunning.Operation
+	29, // 39: clusterlifecycle.v1.ClusterLifecycle.StopCluster:output_type -> google.longrunning.Operation
+	29, // 40: clusterlifecycle.v1.ClusterLifecycle.ScaleCluster:output_type -> google.longrunning.Operation
+	29, // 41: clusterlifecycle.v1.ClusterLifecycle.UpgradeCluster:output_type -> google.longrunning.Operation
+	29, // 42: clusterlifecycle.v1.ClusterLifecycle.AddNodes:output_type -> google.longrunning.Operation
+	29, // 43: clusterlifecycle.v1.ClusterLifecycle.RemoveNodes:output_type -> google.longrunning.Operation
+	29, // 44: clusterlifecycle.v1.ClusterLifecycle.DeleteCluster:output_type -> google.longrunning.Operation
+	25, // 45: clusterlifecycle.v1.ClusterLifecycle.ListClusterEvents:output_type -> clusterlifecycle.v1.ListClusterEventsResponse
+	27, // 46: clusterlifecycle.v1.ClusterLifecycle.GetKubeconfig:output_type -> clusterlifecycle.v1.Kubeconfig
+	5,  // 47: clusterlifecycle.v1.ClusterLifecycle.WatchClusters:output_type -> clusterlifecycle.v1.WatchClustersResponse
+	29, // 48: clusterlifecycle.v1.ClusterLifecycle.WatchOperation:output_type -> google.longrunning.Operation
+	35, // [35:49] is the sub-list for method output_type
+	21, // [21:35] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_clusterlifecycle_v1_clusterlifecycle_proto_init() }
@@ -2156,14 +2577,14 @@ func file_clusterlifecycle_v1_clusterlifecycle_proto_init() {
 	if File_clusterlifecycle_v1_clusterlifecycle_proto != nil {
 		return
 	}
-	file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[10].OneofWrappers = []any{}
+	file_clusterlifecycle_v1_clusterlifecycle_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc), len(file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   20,
+			NumEnums:      4,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -565,6 +565,63 @@ func local_request_ClusterLifecycle_GetKubeconfig_0(ctx context.Context, marshal
 	return msg, metadata, err
 }
 
+var filter_ClusterLifecycle_WatchClusters_0 = &utilities.DoubleArray{Encoding: map[string]int{}, Base: []int(nil), Check: []int(nil)}
+
+func request_ClusterLifecycle_WatchClusters_0(ctx context.Context, marshaler runtime.Marshaler, client ClusterLifecycleClient, req *http.Request, pathParams map[string]string) (ClusterLifecycle_WatchClustersClient, runtime.ServerMetadata, error) {
+	var (
+		protoReq WatchClustersRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_ClusterLifecycle_WatchClusters_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	stream, err := client.WatchClusters(ctx, &protoReq)
+	if err != nil {
+		return nil, metadata, err
+	}
+	header, err := stream.Header()
+	if err != nil {
+		return nil, metadata, err
+	}
+	metadata.HeaderMD = header
+	return stream, metadata, nil
+}
+
+func request_ClusterLifecycle_WatchOperation_0(ctx context.Context, marshaler runtime.Marshaler, client ClusterLifecycleClient, req *http.Request, pathParams map[string]string) (ClusterLifecycle_WatchOperationClient, runtime.ServerMetadata, error) {
+	var (
+		protoReq WatchOperationRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	stream, err := client.WatchOperation(ctx, &protoReq)
+	if err != nil {
+		return nil, metadata, err
+	}
+	header, err := stream.Header()
+	if err != nil {
+		return nil, metadata, err
+	}
+	metadata.HeaderMD = header
+	return stream, metadata, nil
+}
+
 // RegisterClusterLifecycleHandlerServer registers the http handlers for service ClusterLifecycle to "mux".
 // UnaryRPC     :call ClusterLifecycleServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -812,6 +869,20 @@ func RegisterClusterLifecycleHandlerServer(ctx context.Context, mux *runtime.Ser
 		forward_ClusterLifecycle_GetKubeconfig_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
+	mux.Handle(http.MethodGet, pattern_ClusterLifecycle_WatchClusters_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		err := status.Error(codes.Unimplemented, "streaming calls are not yet supported in the in-process transport")
+		_, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+		return
+	})
+
+	mux.Handle(http.MethodGet, pattern_ClusterLifecycle_WatchOperation_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		err := status.Error(codes.Unimplemented, "streaming calls are not yet supported in the in-process transport")
+		_, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+		return
+	})
+
 	return nil
 }
 
@@ -1055,6 +1126,40 @@ func RegisterClusterLifecycleHandlerClient(ctx context.Context, mux *runtime.Ser
 		}
 		forward_ClusterLifecycle_GetKubeconfig_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodGet, pattern_ClusterLifecycle_WatchClusters_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/clusterlifecycle.v1.ClusterLifecycle/WatchClusters", runtime.WithHTTPPathPattern("/v1/clusters:watch"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_ClusterLifecycle_WatchClusters_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_ClusterLifecycle_WatchClusters_0(annotatedContext, mux, outboundMarshaler, w, req, func() (proto.Message, error) { return resp.Recv() }, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodGet, pattern_ClusterLifecycle_WatchOperation_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/clusterlifecycle.v1.ClusterLifecycle/WatchOperation", runtime.WithHTTPPathPattern("/v1/{name=operations/*}:watch"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_ClusterLifecycle_WatchOperation_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_ClusterLifecycle_WatchOperation_0(annotatedContext, mux, outboundMarshaler, w, req, func() (proto.Message, error) { return resp.Recv() }, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
@@ -1071,6 +1176,8 @@ var (
 	pattern_ClusterLifecycle_DeleteCluster_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2}, []string{"v1", "clusters", "name"}, ""))
 	pattern_ClusterLifecycle_ListClusterEvents_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2, 2, 3}, []string{"v1", "clusters", "parent", "events"}, ""))
 	pattern_ClusterLifecycle_GetKubeconfig_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2}, []string{"v1", "clusters", "name"}, "kubeconfig"))
+	pattern_ClusterLifecycle_WatchClusters_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "clusters"}, "watch"))
+	pattern_ClusterLifecycle_WatchOperation_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2}, []string{"v1", "operations", "name"}, "watch"))
 )
 
 var (
@@ -1086,4 +1193,6 @@ var (
 	forward_ClusterLifecycle_DeleteCluster_0     = runtime.ForwardResponseMessage
 	forward_ClusterLifecycle_ListClusterEvents_0 = runtime.ForwardResponseMessage
 	forward_ClusterLifecycle_GetKubeconfig_0     = runtime.ForwardResponseMessage
+	forward_ClusterLifecycle_WatchClusters_0     = runtime.ForwardResponseStream
+	forward_ClusterLifecycle_WatchOperation_0    = runtime.ForwardResponseStream
 )

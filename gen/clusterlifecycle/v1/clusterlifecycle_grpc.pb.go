@@ -32,6 +32,8 @@ const (
 	ClusterLifecycle_DeleteCluster_FullMethodName     = "/clusterlifecycle.v1.ClusterLifecycle/DeleteCluster"
 	ClusterLifecycle_ListClusterEvents_FullMethodName = "/clusterlifecycle.v1.ClusterLifecycle/ListClusterEvents"
 	ClusterLifecycle_GetKubeconfig_FullMethodName     = "/clusterlifecycle.v1.ClusterLifecycle/GetKubeconfig"
+	ClusterLifecycle_WatchClusters_FullMethodName     = "/clusterlifecycle.v1.ClusterLifecycle/WatchClusters"
+	ClusterLifecycle_WatchOperation_FullMethodName    = "/clusterlifecycle.v1.ClusterLifecycle/WatchOperation"
 )
 
 // ClusterLifecycleClient is the client API for ClusterLifecycle service.
@@ -103,6 +105,23 @@ type ClusterLifecycleClient interface {
 	// before clusterd kept credentials, answers FAILED_PRECONDITION
 	// (KUBECONFIG_UNAVAILABLE).
 	GetKubeconfig(ctx context.Context, in *GetKubeconfigRequest, opts ...grpc.CallOption) (*Kubeconfig, error)
+	// Streams the changes of the clusters the caller may see (a ListClusters
+	// filter, or one cluster by name): without a resume token, first the
+	// current state of each matching cluster (EXISTING) and one SYNCED, then
+	// every change in commit order; with one, exactly the changes after it.
+	// Every message carries the resume token after it. A token older than the
+	// feed's retention is FAILED_PRECONDITION (WATCH_EXPIRED: list and watch
+	// again); a watcher that falls behind is ended RESOURCE_EXHAUSTED
+	// (WATCH_TOO_SLOW, metadata "resume_token"), as is a watch past the
+	// account's limit of concurrent watches (WATCH_LIMIT); a server that shuts
+	// down ends its streams UNAVAILABLE (SHUTTING_DOWN): resume on another.
+	// REST: newline-delimited JSON, one `{"result": ...}` per message.
+	WatchClusters(ctx context.Context, in *WatchClustersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchClustersResponse], error)
+	// Streams an operation as it runs: the operation as GetOperation returns
+	// it now, then again after each of its changes (a step, an adoption, its
+	// end), and ends the stream OK once the operation is done. An operation of
+	// another account is NOT_FOUND, as GetOperation answers.
+	WatchOperation(ctx context.Context, in *WatchOperationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[longrunningpb.Operation], error)
 }
 
 type clusterLifecycleClient struct {
@@ -233,6 +252,44 @@ func (c *clusterLifecycleClient) GetKubeconfig(ctx context.Context, in *GetKubec
 	return out, nil
 }
 
+func (c *clusterLifecycleClient) WatchClusters(ctx context.Context, in *WatchClustersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchClustersResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ClusterLifecycle_ServiceDesc.Streams[0], ClusterLifecycle_WatchClusters_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchClustersRequest, WatchClustersResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ClusterLifecycle_WatchClustersClient = grpc.ServerStreamingClient[WatchClustersResponse]
+
+func (c *clusterLifecycleClient) WatchOperation(ctx context.Context, in *WatchOperationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[longrunningpb.Operation], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ClusterLifecycle_ServiceDesc.Streams[1], ClusterLifecycle_WatchOperation_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchOperationRequest, longrunningpb.Operation]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ClusterLifecycle_WatchOperationClient = grpc.ServerStreamingClient[longrunningpb.Operation]
+
 // ClusterLifecycleServer is the server API for ClusterLifecycle service.
 // All implementations must embed UnimplementedClusterLifecycleServer
 // for forward compatibility.
@@ -302,6 +359,23 @@ type ClusterLifecycleServer interface {
 	// before clusterd kept credentials, answers FAILED_PRECONDITION
 	// (KUBECONFIG_UNAVAILABLE).
 	GetKubeconfig(context.Context, *GetKubeconfigRequest) (*Kubeconfig, error)
+	// Streams the changes of the clusters the caller may see (a ListClusters
+	// filter, or one cluster by name): without a resume token, first the
+	// current state of each matching cluster (EXISTING) and one SYNCED, then
+	// every change in commit order; with one, exactly the changes after it.
+	// Every message carries the resume token after it. A token older than the
+	// feed's retention is FAILED_PRECONDITION (WATCH_EXPIRED: list and watch
+	// again); a watcher that falls behind is ended RESOURCE_EXHAUSTED
+	// (WATCH_TOO_SLOW, metadata "resume_token"), as is a watch past the
+	// account's limit of concurrent watches (WATCH_LIMIT); a server that shuts
+	// down ends its streams UNAVAILABLE (SHUTTING_DOWN): resume on another.
+	// REST: newline-delimited JSON, one `{"result": ...}` per message.
+	WatchClusters(*WatchClustersRequest, grpc.ServerStreamingServer[WatchClustersResponse]) error
+	// Streams an operation as it runs: the operation as GetOperation returns
+	// it now, then again after each of its changes (a step, an adoption, its
+	// end), and ends the stream OK once the operation is done. An operation of
+	// another account is NOT_FOUND, as GetOperation answers.
+	WatchOperation(*WatchOperationRequest, grpc.ServerStreamingServer[longrunningpb.Operation]) error
 	mustEmbedUnimplementedClusterLifecycleServer()
 }
 
@@ -347,6 +421,12 @@ func (UnimplementedClusterLifecycleServer) ListClusterEvents(context.Context, *L
 }
 func (UnimplementedClusterLifecycleServer) GetKubeconfig(context.Context, *GetKubeconfigRequest) (*Kubeconfig, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetKubeconfig not implemented")
+}
+func (UnimplementedClusterLifecycleServer) WatchClusters(*WatchClustersRequest, grpc.ServerStreamingServer[WatchClustersResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchClusters not implemented")
+}
+func (UnimplementedClusterLifecycleServer) WatchOperation(*WatchOperationRequest, grpc.ServerStreamingServer[longrunningpb.Operation]) error {
+	return status.Error(codes.Unimplemented, "method WatchOperation not implemented")
 }
 func (UnimplementedClusterLifecycleServer) mustEmbedUnimplementedClusterLifecycleServer() {}
 func (UnimplementedClusterLifecycleServer) testEmbeddedByValue()                          {}
@@ -585,6 +665,28 @@ func _ClusterLifecycle_GetKubeconfig_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ClusterLifecycle_WatchClusters_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchClustersRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ClusterLifecycleServer).WatchClusters(m, &grpc.GenericServerStream[WatchClustersRequest, WatchClustersResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ClusterLifecycle_WatchClustersServer = grpc.ServerStreamingServer[WatchClustersResponse]
+
+func _ClusterLifecycle_WatchOperation_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchOperationRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ClusterLifecycleServer).WatchOperation(m, &grpc.GenericServerStream[WatchOperationRequest, longrunningpb.Operation]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ClusterLifecycle_WatchOperationServer = grpc.ServerStreamingServer[longrunningpb.Operation]
+
 // ClusterLifecycle_ServiceDesc is the grpc.ServiceDesc for ClusterLifecycle service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -641,6 +743,17 @@ var ClusterLifecycle_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _ClusterLifecycle_GetKubeconfig_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchClusters",
+			Handler:       _ClusterLifecycle_WatchClusters_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchOperation",
+			Handler:       _ClusterLifecycle_WatchOperation_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "clusterlifecycle/v1/clusterlifecycle.proto",
 }

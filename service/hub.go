@@ -1,0 +1,550 @@
+package service
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/lifecycle"
+	"github.com/clusterd/clusterd/repository"
+)
+
+// WatchStore is the part of the repository watches read.
+type WatchStore interface {
+	ReadChanges(ctx context.Context, q repository.ChangeQuery) ([]repository.Change, error)
+	ChangeHead(ctx context.Context, settle time.Duration) (repository.ChangeHead, error)
+	ChangesPurgedThrough(ctx context.Context) (int64, error)
+	ClustersByID(ctx context.Context, ids []string) (map[string]repository.Cluster, error)
+	JobsByID(ctx context.Context, ids []string) (map[string]repository.Job, error)
+	GetJob(ctx context.Context, id string) (repository.Job, error)
+}
+
+// HubConfig is what a Hub needs.
+type HubConfig struct {
+	Store WatchStore
+	// Infra reports the clusters' nodes, so a watch's clusters are what
+	// GetCluster returns.
+	Infra infra.Infrastructure
+	// Poll is how often the feed is read (default 200ms).
+	Poll time.Duration
+	// Settle is the feed's settle window (default
+	// repository.SettleWindow); tests shorten it.
+	Settle time.Duration
+	// Buffer is how many changes a watcher may fall behind before it is
+	// ended with WATCH_TOO_SLOW (default DefaultWatchBuffer).
+	Buffer int
+	// MaxPerAccount caps the watches one account may have open on this
+	// server (default DefaultMaxWatchesPerAccount; WATCH_LIMIT past it).
+	MaxPerAccount int
+	// Keep is how long the hub keeps the changes it read, so that a watch
+	// that resumes from a token of that age attaches without reading the
+	// feed itself (default 1 minute).
+	Keep time.Duration
+	// Bookmark is how often a watch is told its newer resume token while
+	// nothing it keeps changes (default 1 minute).
+	Bookmark time.Duration
+	Logger   *slog.Logger
+}
+
+// Hub is a server's one reader of the change feed: it reads the feed every
+// Poll, one query whoever watches (and, when it found changes, one read of
+// their clusters, their jobs and their nodes), and hands each change to
+// every watcher of this process, which filters it. A change committed
+// through any server sharing the database reaches every server's watchers
+// at their next poll. Each watcher has a bounded buffer; one that falls
+// behind is ended (WATCH_TOO_SLOW, with its resume token), never buffered
+// without end. Run owns the polling goroutine; when it returns, every
+// watch ends UNAVAILABLE (SHUTTING_DOWN), so clients resume on another
+// server.
+type Hub struct {
+	cfg HubConfig
+	log *slog.Logger
+
+	// ready is closed once Run has read the feed's head, halted once Run
+	// has returned.
+	ready, halted chan struct{}
+
+	mu sync.Mutex
+	// stopped: Run has returned; no watch may start.
+	stopped bool
+	// pos is where the hub has read up to, as a token of its own.
+	pos watchToken
+	// window holds the changes read with an id above base, in the order
+	// read; base is a floor the hub had, so a watcher whose floor is at or
+	// above base finds every change it still needs in window.
+	window []watchItem
+	base   int64
+	// seq numbers the changes the hub reads (watchItem.seq).
+	seq   uint64
+	marks []floorMark
+	// bookmarked is when markers last asked watchers for a bookmark.
+	bookmarked time.Time
+	// watchers are the attached watchers; open counts the watches of each
+	// account, attached or starting.
+	watchers map[*watcher]struct{}
+	open     map[string]int
+	// states is, per cluster, the state the newest history entry the
+	// hub has read left it in: the state a progress or end change is
+	// shown with (only Run's goroutine uses it).
+	states map[string]clusterSnapshot
+}
+
+// clusterSnapshot is a cluster's state, version and holder as a history
+// entry left them.
+type clusterSnapshot struct {
+	state   lifecycle.State
+	version int64
+	op      string
+}
+
+// floorMark is the hub's floor at a time, for trimming the window.
+type floorMark struct {
+	at    time.Time
+	floor int64
+}
+
+// watchItem is one change as the hub hands it out, with what it was read
+// with: the cluster (nil for a job of no cluster), as stored and as
+// GetCluster presents it (nodes included), and the change's job, if any.
+// An item with no change only raises the watcher's floor to floor: every
+// change up to it has been handed out.
+type watchItem struct {
+	change *repository.Change
+	// cluster is the cluster as the change left it, as far as the feed
+	// says: its state, version and holder are those of the change (a
+	// history entry) or of the newest history entry before it that was
+	// read with it; its other fields are as read.
+	cluster *repository.Cluster
+	view    *clv1.Cluster
+	job     *repository.Job
+	floor   int64
+	// bookmark, on a marker, asks the watch to send its token if it
+	// moved since its last message.
+	bookmark bool
+	// seq orders the changes in the hub's window.
+	seq uint64
+}
+
+// watcher is one open watch as the hub sees it.
+type watcher struct {
+	account string
+	items   chan watchItem
+	// done is closed, with err set, when the hub ends the watch.
+	done chan struct{}
+	err  error
+	// marked is the floor of the last marker queued (h.mu held).
+	marked int64
+}
+
+// Defaults of HubConfig.
+const (
+	// DefaultWatchBuffer: a watcher may fall this many changes behind.
+	DefaultWatchBuffer = 1024
+	// DefaultMaxWatchesPerAccount: watches one account may have open on a
+	// server.
+	DefaultMaxWatchesPerAccount = 64
+)
+
+// NewHub returns a hub; Run starts it.
+func NewHub(cfg HubConfig) *Hub {
+	if cfg.Poll <= 0 {
+		cfg.Poll = 200 * time.Millisecond
+	}
+	if cfg.Settle <= 0 {
+		cfg.Settle = repository.SettleWindow
+	}
+	if cfg.Buffer <= 0 {
+		cfg.Buffer = DefaultWatchBuffer
+	}
+	if cfg.MaxPerAccount <= 0 {
+		cfg.MaxPerAccount = DefaultMaxWatchesPerAccount
+	}
+	if cfg.Keep <= 0 {
+		cfg.Keep = time.Minute
+	}
+	if cfg.Bookmark <= 0 {
+		cfg.Bookmark = time.Minute
+	}
+	if cfg.Keep < 2*cfg.Settle {
+		cfg.Keep = 2 * cfg.Settle
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Hub{cfg: cfg, log: log, ready: make(chan struct{}), halted: make(chan struct{}), watchers: map[*watcher]struct{}{}, open: map[string]int{},
+		states: map[string]clusterSnapshot{}}
+}
+
+// errWatchExpired: a resume token older than the feed's retention.
+var errWatchExpired = errors.New("resume token expired")
+
+// WatchTooSlowError ends a watcher that fell further behind than its
+// buffer; Token is where it can resume.
+type WatchTooSlowError struct{ Token string }
+
+func (e *WatchTooSlowError) Error() string { return "the watch fell too far behind" }
+
+// WatchLimitError refuses a watch past the account's limit.
+type WatchLimitError struct {
+	Account string
+	Limit   int
+}
+
+func (e *WatchLimitError) Error() string {
+	return fmt.Sprintf("account %q has %d watches open on this server, the most it may; close one or retry later", e.Account, e.Limit)
+}
+
+// Run polls the feed until ctx ends, then ends every watch (SHUTTING_DOWN)
+// and returns. A failed read is logged and tried again at the next poll.
+func (h *Hub) Run(ctx context.Context) {
+	defer h.stop()
+	t := time.NewTicker(h.cfg.Poll)
+	defer t.Stop()
+	started := false
+	var warned time.Time
+	for {
+		if !started {
+			head, err := h.cfg.Store.ChangeHead(ctx, h.cfg.Settle)
+			if err == nil {
+				h.mu.Lock()
+				h.pos, h.base = watchToken{Floor: head.Floor}, head.Floor
+				h.mu.Unlock()
+				started = true
+				close(h.ready)
+			} else if ctx.Err() == nil {
+				h.log.Warn("watch hub: read the change feed's head", "error", err)
+			}
+		} else if err := h.poll(ctx); err != nil && ctx.Err() == nil && time.Since(warned) >= time.Minute {
+			// Once a minute at most: the health probe reports the
+			// database's outage, and the poll tries again.
+			h.log.Warn("watch hub: read the change feed", "error", err)
+			warned = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// stop ends every watch: the server is going away.
+func (h *Hub) stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopped = true
+	close(h.halted)
+	for w := range h.watchers {
+		h.end(w, errShuttingDown)
+	}
+}
+
+// end detaches w and closes its done with err (h.mu held).
+func (h *Hub) end(w *watcher, err error) {
+	if _, ok := h.watchers[w]; !ok {
+		return
+	}
+	delete(h.watchers, w)
+	w.err = err
+	close(w.done)
+}
+
+// pollLimit bounds the changes one read of the feed returns.
+const pollLimit = 1000
+
+// poll reads the feed once (again at once while it returns whole pages)
+// and hands the new changes out.
+func (h *Hub) poll(ctx context.Context) error {
+	h.mu.Lock()
+	after := h.pos.Floor
+	h.mu.Unlock()
+	// A page is published at once: it never holds more than a watcher's
+	// buffer, so a watcher that keeps up is never cut off by a burst.
+	limit := min(pollLimit, h.cfg.Buffer)
+	for {
+		h.mu.Lock()
+		pos := h.pos
+		h.mu.Unlock()
+		// Pages follow the last id read, not the floor, which unsettled
+		// rows hold back.
+		rows, err := h.cfg.Store.ReadChanges(ctx, repository.ChangeQuery{After: max(after, pos.Floor), Settle: h.cfg.Settle, Limit: limit})
+		if err != nil {
+			return err
+		}
+		if len(rows) > 0 {
+			after = rows[len(rows)-1].ID
+		}
+		var fresh []repository.Change
+		for _, c := range rows {
+			if pos.fresh(c.ID) {
+				fresh = append(fresh, c)
+			}
+			pos = pos.pass(c, true)
+		}
+		items, err := h.load(ctx, fresh, h.states)
+		if err != nil {
+			return err
+		}
+		h.publish(items, pos)
+		if len(rows) < limit {
+			return nil
+		}
+	}
+}
+
+// load reads what the changes need to be presented: their clusters, with
+// their nodes, and their jobs, one query each. states holds the clusters'
+// states as the history entries read so far left them; load updates it.
+func (h *Hub) load(ctx context.Context, changes []repository.Change, states map[string]clusterSnapshot) ([]watchItem, error) {
+	if len(changes) == 0 {
+		return nil, nil
+	}
+	var clusterIDs, jobIDs []string
+	for _, c := range changes {
+		if c.ClusterID != "" && !slices.Contains(clusterIDs, c.ClusterID) {
+			clusterIDs = append(clusterIDs, c.ClusterID)
+		}
+		if c.Operation != "" && !slices.Contains(jobIDs, c.Operation) {
+			jobIDs = append(jobIDs, c.Operation)
+		}
+	}
+	clusters, err := h.cfg.Store.ClustersByID(ctx, clusterIDs)
+	if err != nil {
+		return nil, err
+	}
+	jobs, err := h.cfg.Store.JobsByID(ctx, jobIDs)
+	if err != nil {
+		return nil, err
+	}
+	views := map[string]*clv1.Cluster{}
+	if len(clusters) > 0 {
+		found := make([]repository.Cluster, 0, len(clusters))
+		for _, c := range clusters {
+			views[c.ID] = toCluster(c)
+			found = append(found, c)
+		}
+		machines, err := h.cfg.Infra.Machines(ctx, clusterIDs...)
+		if err != nil {
+			return nil, fmt.Errorf("list nodes: %w", err)
+		}
+		for _, m := range machines {
+			if v := views[m.ClusterID]; v != nil {
+				v.Nodes = append(v.Nodes, toNode(m))
+			}
+		}
+	}
+	items := make([]watchItem, len(changes))
+	for i := range changes {
+		ch := &changes[i]
+		it := watchItem{change: ch, view: views[ch.ClusterID]}
+		if ch.Kind == repository.ChangeHistory {
+			states[ch.ClusterID] = clusterSnapshot{state: ch.State, version: ch.Version, op: ch.CurrentOperation}
+		}
+		if c, ok := clusters[ch.ClusterID]; ok {
+			if snap, ok := states[ch.ClusterID]; ok {
+				c.State, c.Version, c.CurrentOperation = snap.state, snap.version, snap.op
+			}
+			it.cluster = &c
+		}
+		if snap, ok := states[ch.ClusterID]; ok && snap.state == lifecycle.Destroyed {
+			delete(states, ch.ClusterID) // nothing moves it any more
+		}
+		if j, ok := jobs[changes[i].Operation]; ok {
+			it.job = &j
+		}
+		items[i] = it
+	}
+	return items, nil
+}
+
+// publish hands items, then the hub's new floor, to every watcher, ending
+// the ones whose buffer is full; and keeps items in the window.
+func (h *Hub) publish(items []watchItem, pos watchToken) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pos = pos
+	for i := range items {
+		h.seq++
+		items[i].seq = h.seq
+	}
+	h.window = append(h.window, items...)
+	now := time.Now()
+	h.marks = append(h.marks, floorMark{at: now, floor: pos.Floor})
+	// Forget what no watcher can need: the changes at or below a floor the
+	// hub had Keep ago.
+	cut := 0
+	for cut < len(h.marks)-1 && now.Sub(h.marks[cut+1].at) >= h.cfg.Keep {
+		cut++
+	}
+	if cut > 0 && h.marks[cut].floor > h.base {
+		h.base = h.marks[cut].floor
+		h.window = slices.DeleteFunc(h.window, func(it watchItem) bool { return it.change.ID <= h.base })
+	}
+	h.marks = h.marks[cut:]
+	marker := watchItem{floor: pos.Floor}
+	if now.Sub(h.bookmarked) >= h.cfg.Bookmark {
+		marker.bookmark, h.bookmarked = true, now
+	}
+	for w := range h.watchers {
+		if !w.offer(items, marker) {
+			h.end(w, &WatchTooSlowError{})
+		}
+	}
+}
+
+// offer queues items and marker without blocking; false when the buffer
+// is full for an item (the watcher must end: what it queued so far is a
+// prefix of the feed, so its token stays exact). A marker that finds the
+// buffer full, or that would not raise the floor, is left out: a later one
+// carries a higher floor, and until then the watcher's token only keeps
+// a few more ids.
+func (w *watcher) offer(items []watchItem, marker watchItem) bool {
+	for _, it := range items {
+		select {
+		case w.items <- it:
+		default:
+			return false
+		}
+	}
+	if marker.floor > w.marked || marker.bookmark {
+		select {
+		case w.items <- marker:
+			w.marked = marker.floor
+		default:
+		}
+	}
+	return true
+}
+
+// open counts a watch of account against its limit; the returned func
+// gives it back.
+func (h *Hub) openWatch(account string) (func(), error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped {
+		return nil, errShuttingDown
+	}
+	if h.open[account] >= h.cfg.MaxPerAccount {
+		return nil, &WatchLimitError{Account: account, Limit: h.cfg.MaxPerAccount}
+	}
+	h.open[account]++
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.open[account]--; h.open[account] <= 0 {
+			delete(h.open, account)
+		}
+	}, nil
+}
+
+// waitReady waits until the hub has read the feed's head.
+func (h *Hub) waitReady(ctx context.Context) error {
+	select {
+	case <-h.ready:
+		return nil
+	case <-h.halted:
+		return errShuttingDown
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// catchUpLimit bounds the changes a watch reads at a time while it catches
+// up to the hub.
+const catchUpLimit = 500
+
+// attach brings a watch from tok up to the hub and attaches it: while its
+// floor is below what the hub keeps, it reads the feed itself (visit sees
+// each change, in id order, and returns the token after it); then it
+// visits the hub's kept changes above its floor, again while the hub reads
+// more, and attaches once it has visited all the hub has: from then on the
+// returned watcher receives every change the hub reads. A long replay
+// therefore does not count against the watcher's buffer.
+func (h *Hub) attach(ctx context.Context, account string, tok watchToken, visit func(watchItem, watchToken) (watchToken, error)) (*watcher, watchToken, error) {
+	var (
+		replayed uint64 // the seq of the last kept change visited
+		after    int64  // the last id read from the feed while catching up
+	)
+	for {
+		h.mu.Lock()
+		if h.stopped {
+			h.mu.Unlock()
+			return nil, tok, errShuttingDown
+		}
+		if tok.Floor >= h.base {
+			i, _ := slices.BinarySearchFunc(h.window, replayed+1, func(it watchItem, seq uint64) int { return cmp.Compare(it.seq, seq) })
+			kept := slices.Clone(h.window[i:])
+			if len(kept) == 0 {
+				w := &watcher{account: account, items: make(chan watchItem, h.cfg.Buffer), done: make(chan struct{})}
+				h.watchers[w] = struct{}{}
+				tok, _ = visit(watchItem{floor: h.pos.Floor}, tok) // a marker: no send
+				h.mu.Unlock()
+				return w, tok, nil
+			}
+			h.mu.Unlock()
+			for _, it := range kept {
+				var err error
+				if tok, err = visit(it, tok); err != nil {
+					return nil, tok, err
+				}
+				replayed = it.seq
+			}
+			continue
+		}
+		base := h.base
+		h.mu.Unlock()
+		// Pages follow the last id read, not the floor, which unsettled
+		// rows hold back.
+		rows, err := h.cfg.Store.ReadChanges(ctx, repository.ChangeQuery{After: max(after, tok.Floor), Settle: h.cfg.Settle, Limit: catchUpLimit})
+		if err != nil {
+			return nil, tok, err
+		}
+		if len(rows) > 0 {
+			after = rows[len(rows)-1].ID
+		}
+		if len(rows) == 0 {
+			// Nothing above the floor now: the hub's kept changes are all
+			// there is to see.
+			tok = tok.raise(base)
+			continue
+		}
+		var fresh []repository.Change
+		for _, c := range rows {
+			if tok.fresh(c.ID) {
+				fresh = append(fresh, c)
+			}
+		}
+		items, err := h.load(ctx, fresh, map[string]clusterSnapshot{})
+		if err != nil {
+			return nil, tok, err
+		}
+		next := 0
+		for _, c := range rows {
+			it := watchItem{change: &c}
+			if next < len(items) && items[next].change.ID == c.ID {
+				it = items[next]
+				next++
+			}
+			if tok, err = visit(it, tok); err != nil {
+				return nil, tok, err
+			}
+		}
+	}
+}
+
+// detach ends a watcher its watch no longer reads.
+func (h *Hub) detach(w *watcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.watchers[w]; ok {
+		delete(h.watchers, w)
+	}
+}
