@@ -165,3 +165,72 @@ func TestOpenCallsRevokeWhatNoLongerAuthenticates(t *testing.T) {
 		t.Errorf("revoke after every call returned ended %d; want 0", n)
 	}
 }
+
+// TestIdentity_ReloadEndsTheWatchesOfRevokedTokens: a reload that removes
+// a token ends that token's open WatchClusters stream with UNAUTHENTICATED,
+// reason CREDENTIALS_REVOKED; another identity's watch goes on and sees
+// the next change of its cluster.
+func TestIdentity_ReloadEndsTheWatchesOfRevokedTokens(t *testing.T) {
+	b := repotest.Backends(t)[0]
+	reload := make(chan os.Signal)
+	var path string
+	h := start(t, b, withTokens(t), func(c *Config) { path = c.AuthTokens; c.Reload = reload })
+	kept := h.create(t, "kept", 1) // the admin's, in account ops
+	watch := func(token string) <-chan error {
+		stream, err := h.clients.clusters.WatchClusters(bearerContext(tctx(t), token), &clv1.WatchClustersRequest{})
+		if err != nil {
+			t.Fatalf("WatchClusters: %v", err)
+		}
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				t.Fatalf("the watch ended before it was in sync: %v", err)
+			}
+			if m.GetKind() == clv1.WatchClustersResponse_SYNCED {
+				break
+			}
+		}
+		out := make(chan error, 1)
+		go func() {
+			for {
+				m, err := stream.Recv()
+				if err != nil {
+					out <- err
+					return
+				}
+				if m.GetCluster().GetName() == kept.GetName() && m.GetCluster().GetState() == clv1.Cluster_STOPPED {
+					out <- nil
+					return
+				}
+			}
+		}()
+		return out
+	}
+	watchB, watchAdmin := watch(tokenB), watch(tokenAdmin)
+
+	if err := os.WriteFile(path, []byte(tokenLine(tokenA, "team-a", "user")+tokenLine(tokenAdmin, "ops", "admin")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reload <- syscall.SIGHUP
+	select {
+	case err := <-watchB:
+		if code, reason := codeOf(t, err); code != codes.Unauthenticated || reason != service.ReasonCredentialsRevoked {
+			t.Errorf("b's watch after b's token was removed: %v %s (%v); want UNAUTHENTICATED %s", code, reason, err, service.ReasonCredentialsRevoked)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("b's watch did not end within a minute of the reload that removed b's token")
+	}
+	op, err := h.clients.clusters.StopCluster(tctx(t), &clv1.StopClusterRequest{Name: kept.GetName()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, op)
+	select {
+	case err := <-watchAdmin:
+		if err != nil {
+			t.Errorf("the admin's watch, whose token stayed, ended: %v; want it to see the stop", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the admin's watch did not see the stop within a minute")
+	}
+}
