@@ -233,12 +233,15 @@ func (a *app) changeLine(m *clv1.WatchClustersResponse, withName bool) string {
 		fields = append(fields, dash(m.GetCluster().GetDisplayName()))
 	}
 	fields = append(fields, m.GetCluster().GetState().String())
-	if p := m.GetProgress(); p != nil {
+	// The progress is the operation's as the server read it when it sent
+	// the change: an entry's operation may have ended since, which only
+	// OPERATION_ENDED says.
+	if p := m.GetProgress(); p != nil && (!p.GetDone() || m.GetKind() != clv1.WatchClustersResponse_CHANGED) {
 		step := p.GetStep()
 		if step == "" {
 			step = "starting"
 		}
-		if p.GetDone() {
+		if m.GetKind() == clv1.WatchClustersResponse_OPERATION_ENDED {
 			step = "ended"
 		}
 		fields = append(fields, fmt.Sprintf("%s %s %d/%d", p.GetVerb(), step, p.GetStepsDone(), p.GetStepsTotal()))
