@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -255,5 +258,49 @@ func TestWatchLoopResumes(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^Display name:\s+demo$`).MatchString(stdout.String()) {
 		t.Errorf("no cluster printed first:\n%s", stdout.String())
+	}
+}
+
+// oldOperations is an older server's Operations: WaitOperation answers the
+// operation done on the second call.
+type oldOperations struct {
+	longrunningpb.UnimplementedOperationsServer
+	mu    sync.Mutex
+	calls int
+}
+
+func (o *oldOperations) WaitOperation(_ context.Context, req *longrunningpb.WaitOperationRequest) (*longrunningpb.Operation, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.calls++
+	return &longrunningpb.Operation{Name: req.GetName(), Done: o.calls > 1}, nil
+}
+
+// TestWaitFallsBackToPollingOnAnOlderServer: a server without
+// WatchOperation (Unimplemented) is polled with WaitOperation, as before.
+func TestWaitFallsBackToPollingOnAnOlderServer(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	clv1.RegisterClusterLifecycleServer(srv, clv1.UnimplementedClusterLifecycleServer{})
+	ops := &oldOperations{}
+	longrunningpb.RegisterOperationsServer(srv, ops)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-served
+	})
+	c := sim(t, lis.Addr().String())
+	done, err := waitOperation(tctx(t), c, &longrunningpb.Operation{Name: "operations/old"}, nil)
+	if err != nil || !done.GetDone() {
+		t.Fatalf("waitOperation = %v, %v; want the operation done by polling", done, err)
+	}
+	ops.mu.Lock()
+	defer ops.mu.Unlock()
+	if ops.calls != 2 {
+		t.Errorf("WaitOperation called %d times; want 2", ops.calls)
 	}
 }
