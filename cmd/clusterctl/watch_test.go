@@ -174,6 +174,7 @@ func TestEventsFollowSeesANewEvent(t *testing.T) {
 		t.Errorf("events -f ended %d\nstderr: %s", code, w.stderr.String())
 	}
 	after := strings.TrimPrefix(w.stdout.String(), before)
+	t.Logf("events -f printed:\n%s", w.stdout.String())
 	seen := map[string]bool{}
 	for _, l := range strings.Split(strings.TrimSpace(after), "\n") {
 		if seen[l] {
