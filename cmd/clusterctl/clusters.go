@@ -238,9 +238,10 @@ func (a *app) createCommand() *cobra.Command {
 }
 
 func (a *app) getCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:               "get CLUSTER",
-		Short:             "Show a cluster and its nodes",
+	var watch bool
+	cmd := &cobra.Command{
+		Use:               "get CLUSTER [-w]",
+		Short:             "Show a cluster and its nodes; -w then prints a line per change until Ctrl-C",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.clusterArg,
 		RunE: func(cmd *cobra.Command, argv []string) error {
@@ -252,6 +253,9 @@ func (a *app) getCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if watch {
+				return a.watchClusters(cmd.Context(), watchOpener(c, "", name), true)
+			}
 			ctx, cancel := a.call(cmd.Context())
 			defer cancel()
 			cl, err := c.Clusters.GetCluster(ctx, &clv1.GetClusterRequest{Name: name})
@@ -261,13 +265,16 @@ func (a *app) getCommand() *cobra.Command {
 			return a.printCluster(cl)
 		},
 	}
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "after the cluster, print a line per change (time, kind, state, step, event) until Ctrl-C")
+	return cmd
 }
 
 func (a *app) listCommand() *cobra.Command {
 	var filter string
 	var limit int
+	var watch bool
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use:   "list [-w]",
 		Short: "List clusters (every page, in creation order)",
 		Example: "  clusterctl list\n  clusterctl list --filter 'state = RUNNING OR state = STOPPED'\n" +
 			"  clusterctl list --filter 'state = DESTROYED' -o json",
@@ -276,6 +283,9 @@ func (a *app) listCommand() *cobra.Command {
 			c, err := a.connect()
 			if err != nil {
 				return err
+			}
+			if watch {
+				return a.watchClusters(cmd.Context(), watchOpener(c, filter, ""), false)
 			}
 			clusters, err := listAll(cmd.Context(), a, limit, func(ctx context.Context, token string) ([]*clv1.Cluster, string, error) {
 				resp, err := c.Clusters.ListClusters(ctx, &clv1.ListClustersRequest{Filter: filter, PageSize: 1000, PageToken: token})
@@ -289,6 +299,8 @@ func (a *app) listCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&filter, "filter", "", "an AIP-160 filter on state, display_name, account, create_time, update_time")
 	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many clusters (0: all)")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "after the table, print a line per change of a listed cluster until Ctrl-C")
+	cmd.MarkFlagsMutuallyExclusive("watch", "limit")
 	return cmd
 }
 
@@ -478,9 +490,10 @@ func (a *app) nodesCommand(use, short string, send func(ctx context.Context, c *
 }
 
 func (a *app) eventsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:               "events CLUSTER",
-		Short:             "Show a cluster's history: every transition and repair, oldest first",
+	var follow bool
+	cmd := &cobra.Command{
+		Use:               "events CLUSTER [-f]",
+		Short:             "Show a cluster's history: every transition and repair, oldest first; -f then follows new entries",
 		Args:              args(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.clusterArg,
 		RunE: func(cmd *cobra.Command, argv []string) error {
@@ -492,6 +505,9 @@ func (a *app) eventsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if follow {
+				return a.followEvents(cmd.Context(), c, name, watchOpener(c, "", name))
+			}
 			events, err := listAll(cmd.Context(), a, 0, func(ctx context.Context, token string) ([]*clv1.ClusterEvent, string, error) {
 				resp, err := c.Clusters.ListClusterEvents(ctx, &clv1.ListClusterEventsRequest{Parent: name, PageSize: 1000, PageToken: token})
 				return resp.GetEvents(), resp.GetNextPageToken(), err
@@ -502,4 +518,6 @@ func (a *app) eventsCommand() *cobra.Command {
 			return a.printEvents(&clv1.ListClusterEventsResponse{Events: events})
 		},
 	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "after the history, print new entries as they are written until Ctrl-C")
+	return cmd
 }

@@ -280,7 +280,7 @@ func (a *app) followCancel(ctx context.Context, c *client.Client, name string) e
 // *client.OperationError, and a wait that Ctrl-C ended as *stoppedWaiting.
 func (a *app) waitDrawn(ctx context.Context, c *client.Client, op *longrunningpb.Operation) (*longrunningpb.Operation, error) {
 	p := newProgress(a.stderr, op.GetName(), a.now)
-	done, err := c.Wait(ctx, op, p.update, client.PollEvery(pollEvery))
+	done, err := waitOperation(ctx, c, op, p.update)
 	var opErr *client.OperationError
 	switch {
 	case err == nil, errors.As(err, &opErr):
