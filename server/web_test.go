@@ -265,7 +265,10 @@ func TestWebView(t *testing.T) {
 	}
 	screenshot(t, ctx, dir, "cluster.png")
 
-	// Live: released, the scale ends and the page shows it without a reload.
+	// Live: the page follows the watch stream (it polls only while the
+	// stream is down); released, the scale ends and the page shows it
+	// without a reload.
+	see[bool](t, ctx, "the page following the watch stream", `document.body.dataset.live === 'true'`)
 	if _, err := h.clients.sim.ClearFaults(tctx(t), &clv1.ClearFaultsRequest{}); err != nil {
 		t.Fatal(err)
 	}

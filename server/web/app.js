@@ -3,8 +3,10 @@
 // (start, stop, scale, cancel the running operation, each confirmed first),
 // and the operations with their errors. It calls the REST API (/v1/...)
 // with the bearer token the viewer typed (kept in sessionStorage, so it
-// ends with the tab) or with nothing in development mode, and redraws every
-// second while the page is visible and no confirmation is open.
+// ends with the tab) or with nothing in development mode. It redraws as the
+// watch stream (GET /v1/clusters:watch) tells of changes, or every second
+// while that stream is down, while the page is visible and no confirmation
+// is open.
 'use strict';
 
 const TOKEN_KEY = 'clusterd.token';
@@ -452,6 +454,66 @@ function setFilter(key, value) {
   location.hash = '#/operations' + (q.toString() ? '?' + q.toString() : '');
 }
 
+// live follows GET /v1/clusters:watch (newline-delimited JSON): each
+// message redraws the page (at most every LIVE_MIN_MS), so it shows a
+// change as it is committed instead of at the next poll. While the stream
+// is open the page does not poll; when it ends or fails, the page polls
+// every second again and opens a new stream after a pause that doubles up
+// to LIVE_RETRY_MAX_MS. A new token (Use token, Forget) opens a new one.
+const LIVE_MIN_MS = 100;
+const LIVE_RETRY_MAX_MS = 30000;
+const live = { open: false, abort: null, retry: 1000, redraw: null };
+
+async function follow() {
+  if (live.abort) live.abort.abort();
+  const ctl = new AbortController();
+  live.abort = ctl;
+  const headers = { Accept: 'application/json' };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = 'Bearer ' + token;
+  try {
+    const resp = await fetch('/v1/clusters:watch', { headers, cache: 'no-store', signal: ctl.signal });
+    if (!resp.ok || !resp.body) throw new Error('watch: HTTP ' + resp.status);
+    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += value;
+      let nl;
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, nl).trim();
+        buf = buf.slice(nl + 1);
+        if (!line) continue;
+        const msg = JSON.parse(line);
+        if (msg.error) throw new Error('watch: ' + (msg.error.message || 'ended'));
+        const kind = (msg.result || {}).kind;
+        if (kind === 'SYNCED') {
+          live.open = true;
+          live.retry = 1000;
+          document.body.dataset.live = 'true';
+          clearTimeout(timer);
+        } else if (live.open && kind !== 'BOOKMARK' && kind !== 'EXISTING') {
+          liveRedraw();
+        }
+      }
+    }
+  } catch (err) {
+    if (ctl.signal.aborted) return;
+  }
+  if (live.abort !== ctl) return;
+  live.open = false;
+  document.body.dataset.live = 'false';
+  refresh();
+  setTimeout(() => { if (live.abort === ctl) follow(); }, live.retry);
+  live.retry = Math.min(live.retry * 2, LIVE_RETRY_MAX_MS);
+}
+
+function liveRedraw() {
+  if (live.redraw) return;
+  live.redraw = setTimeout(() => { live.redraw = null; if (!pending) refresh(); }, LIVE_MIN_MS);
+}
+
 // The page: route after '#', redraw every second, report problems.
 let timer = null;
 let generation = 0;
@@ -491,7 +553,7 @@ async function refresh() {
     if (gen !== generation) return;
     showProblem(err);
   }
-  if (gen === generation && !pending) {
+  if (gen === generation && !pending && !live.open) {
     timer = setTimeout(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
   }
 }
@@ -508,13 +570,16 @@ document.getElementById('auth').addEventListener('submit', (ev) => {
   input.value = '';
   showToken();
   refresh();
+  follow();
 });
 document.getElementById('forget-token').addEventListener('click', () => {
   sessionStorage.removeItem(TOKEN_KEY);
   showToken();
   refresh();
+  follow();
 });
 window.addEventListener('hashchange', () => { pending = null; notice = null; refresh(); });
 document.addEventListener('visibilitychange', () => { if (!document.hidden) refresh(); });
 showToken();
 refresh();
+follow();
