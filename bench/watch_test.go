@@ -78,7 +78,7 @@ type sighting struct {
 // before it. Latency is the client's receipt minus the return of A's RPC
 // (the client-observable commit; the commit itself is at most the RPC's
 // tail earlier, and the figure from the RPC's send is printed beside).
-// Measured once a process (it runs about 30 s a backend).
+// Measured once a process (it runs about 20 s a backend).
 func BenchmarkWatchLatency(b *testing.B) {
 	for _, be := range backends(b) {
 		b.Run(be.Name+"/watchers=100", func(b *testing.B) {
