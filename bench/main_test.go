@@ -86,8 +86,10 @@ func TestMain(m *testing.M) {
 // from one run, where both ran back to back).
 func report() {
 	load, _ := os.ReadFile("/proc/loadavg")
-	fmt.Printf("\n== clusterd against raw SQL, same process and run (medians of %s runs; load average %s)\n", maxRuns(), strings.Join(strings.Fields(string(load))[:3], " "))
-	fmt.Printf("%-44s %16s %16s %10s %12s %12s\n", "measure", "service", "raw SQL", "ratio", "p99 service", "p99 raw")
+	if slices.ContainsFunc(order, func(name string) bool { return strings.HasSuffix(name, "/service") }) {
+		fmt.Printf("\n== clusterd against raw SQL, same process and run (medians of %s runs; load average %s)\n", maxRuns(), strings.Join(strings.Fields(string(load))[:3], " "))
+		fmt.Printf("%-44s %16s %16s %10s %12s %12s\n", "measure", "service", "raw SQL", "ratio", "p99 service", "p99 raw")
+	}
 	var scanPoints []scanPoint
 	for _, name := range order {
 		base, ok := strings.CutSuffix(name, "/service")
@@ -135,6 +137,11 @@ func report() {
 	for _, name := range order {
 		if strings.HasPrefix(name, "RSS/") {
 			fmt.Printf("%-44s %13.1f MiB (peak resident memory of bin/clusterd; VmHWM)\n", name, rss[name])
+		}
+	}
+	for _, name := range order {
+		if f, ok := watchResults[name]; ok {
+			reportWatch(name, f)
 		}
 	}
 	if *plotPath != "" && len(scanPoints) > 0 {
