@@ -213,7 +213,10 @@ func (c *agentConn) send(ctx context.Context, path string, line []byte, id uint6
 		deadline = dl
 	}
 	_ = c.conn.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Unix(1, 0)) })
+	// The function may still run after stop returns, once the caller has
+	// closed the connection and cleared c.conn: it uses its own copy.
+	conn := c.conn
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if _, err := c.conn.Write(line); err != nil {
 		return agent.Response{}, fmt.Errorf("send: %w", err)
