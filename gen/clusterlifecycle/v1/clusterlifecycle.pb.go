@@ -915,8 +915,13 @@ type Node struct {
 	Joined bool `protobuf:"varint,4,opt,name=joined,proto3" json:"joined,omitempty"`
 	// The Kubernetes version the node runs.
 	KubernetesVersion string `protobuf:"bytes,5,opt,name=kubernetes_version,json=kubernetesVersion,proto3" json:"kubernetes_version,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// A readable name for the node, as people and Kubernetes name machines:
+	// the cluster's display name, the node's role and the last 8 characters
+	// of its machine id, e.g. `web-1-worker-5f3c21a9`. It does not change
+	// while the machine lives; `name` is what API calls take.
+	DisplayName   string `protobuf:"bytes,6,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -984,6 +989,13 @@ func (x *Node) GetKubernetesVersion() string {
 	return ""
 }
 
+func (x *Node) GetDisplayName() string {
+	if x != nil {
+		return x.DisplayName
+	}
+	return ""
+}
+
 // Metadata of every operation that ClusterLifecycle returns.
 type OperationMetadata struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1012,9 +1024,16 @@ type OperationMetadata struct {
 	// it stopped or died. An adopted operation keeps its name and goes on from
 	// its last recorded step; it fails once it has run --max-operation-attempts
 	// times or its deadline has passed.
-	Attempt       int32 `protobuf:"varint,10,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Attempt int32 `protobuf:"varint,10,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// For a scale that changes how many workers the cluster has (with
+	// worker_node_count or remove_nodes) and for add_nodes: the number of
+	// workers it leads to, as decided when it was accepted. Meanwhile the
+	// cluster's worker_node_count stays the recorded size until the
+	// operation ends, and its nodes are the machines there are. 0 for other
+	// operations.
+	TargetWorkerNodeCount int32 `protobuf:"varint,11,opt,name=target_worker_node_count,json=targetWorkerNodeCount,proto3" json:"target_worker_node_count,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *OperationMetadata) Reset() {
@@ -1113,6 +1132,13 @@ func (x *OperationMetadata) GetEndTime() *timestamppb.Timestamp {
 func (x *OperationMetadata) GetAttempt() int32 {
 	if x != nil {
 		return x.Attempt
+	}
+	return 0
+}
+
+func (x *OperationMetadata) GetTargetWorkerNodeCount() int32 {
+	if x != nil {
+		return x.TargetWorkerNodeCount
 	}
 	return 0
 }
@@ -2279,13 +2305,14 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\vAutoscaling\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x19\n" +
 	"\bmin_size\x18\x02 \x01(\x05R\aminSize\x12\x19\n" +
-	"\bmax_size\x18\x03 \x01(\x05R\amaxSize\"\xcb\x02\n" +
+	"\bmax_size\x18\x03 \x01(\x05R\amaxSize\"\xf3\x02\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x1e.clusterlifecycle.v1.Node.RoleR\x04role\x125\n" +
 	"\x05power\x18\x03 \x01(\x0e2\x1f.clusterlifecycle.v1.Node.PowerR\x05power\x12\x16\n" +
 	"\x06joined\x18\x04 \x01(\bR\x06joined\x12-\n" +
-	"\x12kubernetes_version\x18\x05 \x01(\tR\x11kubernetesVersion\"C\n" +
+	"\x12kubernetes_version\x18\x05 \x01(\tR\x11kubernetesVersion\x12&\n" +
+	"\fdisplay_name\x18\x06 \x01(\tB\x03\xe0A\x03R\vdisplayName\"C\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCONTROL\x10\x01\x12\n" +
@@ -2295,7 +2322,7 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x05Power\x12\x15\n" +
 	"\x11POWER_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aRUNNING\x10\x01\x12\v\n" +
-	"\aSTOPPED\x10\x02\"\xf2\x02\n" +
+	"\aSTOPPED\x10\x02\"\xab\x03\n" +
 	"\x11OperationMetadata\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
 	"\x04verb\x18\x02 \x01(\tR\x04verb\x12\x16\n" +
@@ -2310,7 +2337,8 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"createTime\x125\n" +
 	"\bend_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x18\n" +
 	"\aattempt\x18\n" +
-	" \x01(\x05R\aattempt\"w\n" +
+	" \x01(\x05R\aattempt\x127\n" +
+	"\x18target_worker_node_count\x18\v \x01(\x05R\x15targetWorkerNodeCount\"w\n" +
 	"\x14CreateClusterRequest\x12;\n" +
 	"\acluster\x18\x01 \x01(\v2\x1c.clusterlifecycle.v1.ClusterB\x03\xe0A\x02R\acluster\x12\"\n" +
 	"\n" +
