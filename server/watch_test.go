@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func watchLine(m *clv1.WatchClustersResponse) string {
 	if e := m.GetEvent(); e != nil {
 		s += " " + e.GetEvent()
 	}
-	if p := m.GetProgress(); p != nil && m.GetKind() != clv1.WatchClustersResponse_CHANGED && m.GetKind() != clv1.WatchClustersResponse_CREATED {
+	if p := m.GetProgress(); p != nil && m.GetKind() != clv1.WatchClustersResponse_CHANGED && m.GetKind() != clv1.WatchClustersResponse_CREATED && m.GetKind() != clv1.WatchClustersResponse_LEFT_FILTER {
 		s += fmt.Sprintf(" %s %d/%d", p.GetStep(), p.GetStepsDone(), p.GetStepsTotal())
 		if p.GetDone() {
 			s += " done"
@@ -501,6 +502,42 @@ func TestWatchLimitPerAccount(t *testing.T) {
 				t.Fatal("the first watch's place was never given back")
 			case <-time.After(10 * time.Millisecond):
 			}
+		}
+	})
+}
+
+// A watch filtered on state is told when a transition takes a cluster out
+// of it (LEFT_FILTER), and when one brings it back (CHANGED), and nothing
+// in between.
+func TestWatchFollowsAClusterOutOfItsFilter(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		h := start(t, b)
+		ctx := tctx(t)
+		c := h.create(t, "web", 1)
+		w := watch(t, h.clients.clusters, ctx, &clv1.WatchClustersRequest{Filter: "state = RUNNING"})
+		if got := w.synced(t); len(got) != 1 || got[0].GetName() != c.GetName() {
+			t.Fatalf("a watch of RUNNING clusters starts with %v; want %s", got, c.GetName())
+		}
+		op, err := h.clients.clusters.StopCluster(ctx, &clv1.StopClusterRequest{Name: c.GetName()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.wait(t, op)
+		op, err = h.clients.clusters.StartCluster(ctx, &clv1.StartClusterRequest{Name: c.GetName()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.wait(t, op)
+		var got []string
+		for _, m := range w.until(t, func(m *clv1.WatchClustersResponse) bool { return m.GetEvent().GetToState() == clv1.Cluster_RUNNING }) {
+			if m.GetCluster().GetName() != c.GetName() {
+				t.Errorf("message %s is of %s; want %s", watchLine(m), m.GetCluster().GetName(), c.GetName())
+			}
+			got = append(got, watchLine(m))
+		}
+		want := []string{"LEFT_FILTER STOPPING STOP_REQUESTED", "CHANGED RUNNING OPERATION_SUCCEEDED"}
+		if !slices.Equal(got, want) {
+			t.Errorf("a watch of RUNNING clusters over a stop and a start saw\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
 		}
 	})
 }

@@ -36,6 +36,16 @@ func (w clusterWatch) keeps(c repository.Cluster) bool {
 	return err == nil && ok
 }
 
+// left reports whether the transition e moved cluster c (as e left it)
+// out of this watch: the watch kept it in e's from-state.
+func (w clusterWatch) left(c repository.Cluster, e *repository.Event) bool {
+	if e == nil || e.From == e.To {
+		return false
+	}
+	c.State = e.From
+	return w.keeps(c)
+}
+
 // WatchClusters streams the changes of the clusters the caller may see
 // (see the proto and the package's resume tokens, watchtoken.go).
 func (s *Clusters) WatchClusters(req *clv1.WatchClustersRequest, stream grpc.ServerStreamingServer[clv1.WatchClustersResponse]) error {
@@ -98,13 +108,21 @@ func (s *Clusters) WatchClusters(req *clv1.WatchClustersRequest, stream grpc.Ser
 			return tok, stream.Send(&clv1.WatchClustersResponse{Kind: clv1.WatchClustersResponse_BOOKMARK, ResumeToken: tok.encode()})
 		}
 		c := it.change
-		send := tok.fresh(c.ID) && it.cluster != nil && w.keeps(*it.cluster)
-		tok = tok.pass(*c, send)
-		if !send {
+		keeps, left := false, false
+		if tok.fresh(c.ID) && it.cluster != nil {
+			keeps = w.keeps(*it.cluster)
+			left = !keeps && w.left(*it.cluster, c.Event)
+		}
+		tok = tok.pass(*c, keeps || left)
+		if !keeps && !left {
 			return tok, nil
 		}
 		sentFloor = tok.Floor
-		return tok, stream.Send(changeMessage(it, tok))
+		msg := changeMessage(it, tok)
+		if left {
+			msg.Kind = clv1.WatchClustersResponse_LEFT_FILTER
+		}
+		return tok, stream.Send(msg)
 	}
 	watcher, tok, err := s.hub.attach(ctx, who.Account, tok, visit)
 	if err != nil {

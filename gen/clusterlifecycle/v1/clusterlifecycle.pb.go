@@ -53,6 +53,11 @@ const (
 	// that an idle watch's token does not outlive the feed's retention.
 	// It carries no cluster.
 	WatchClustersResponse_BOOKMARK WatchClustersResponse_Kind = 8
+	// A transition moved the cluster out of the watch's filter (event; the
+	// cluster as the change left it): forget it. A later transition that
+	// brings it back is sent as CHANGED. (A filter on other fields than
+	// state, such as update_time, is not followed out this way.)
+	WatchClustersResponse_LEFT_FILTER WatchClustersResponse_Kind = 9
 )
 
 // Enum value maps for WatchClustersResponse_Kind.
@@ -67,6 +72,7 @@ var (
 		6: "OPERATION_ENDED",
 		7: "DELETED",
 		8: "BOOKMARK",
+		9: "LEFT_FILTER",
 	}
 	WatchClustersResponse_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
@@ -78,6 +84,7 @@ var (
 		"OPERATION_ENDED":  6,
 		"DELETED":          7,
 		"BOOKMARK":         8,
+		"LEFT_FILTER":      9,
 	}
 )
 
@@ -401,7 +408,8 @@ type WatchClustersResponse struct {
 	// operation as the change left them (its other fields as read when the
 	// change was sent).
 	Cluster *Cluster `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
-	// The history entry the change wrote (CREATED, CHANGED, DELETED).
+	// The history entry the change wrote (CREATED, CHANGED, DELETED,
+	// LEFT_FILTER).
 	Event *ClusterEvent `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
 	// Where the operation of the change stands (PROGRESS, OPERATION_ENDED,
 	// and CHANGED when the entry names a running operation).
@@ -2226,13 +2234,13 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x06filter\x18\x01 \x01(\tB\x03\xe0A\x01R\x06filter\x12A\n" +
 	"\x04name\x18\x02 \x01(\tB-\xe0A\x01\xfaA'\n" +
 	"%clusterlifecycle.clusterd.dev/ClusterR\x04name\x12&\n" +
-	"\fresume_token\x18\x03 \x01(\tB\x03\xe0A\x01R\vresumeToken\"\xc5\x03\n" +
+	"\fresume_token\x18\x03 \x01(\tB\x03\xe0A\x01R\vresumeToken\"\xd6\x03\n" +
 	"\x15WatchClustersResponse\x12C\n" +
 	"\x04kind\x18\x01 \x01(\x0e2/.clusterlifecycle.v1.WatchClustersResponse.KindR\x04kind\x126\n" +
 	"\acluster\x18\x02 \x01(\v2\x1c.clusterlifecycle.v1.ClusterR\acluster\x127\n" +
 	"\x05event\x18\x03 \x01(\v2!.clusterlifecycle.v1.ClusterEventR\x05event\x12B\n" +
 	"\bprogress\x18\x04 \x01(\v2&.clusterlifecycle.v1.OperationProgressR\bprogress\x12!\n" +
-	"\fresume_token\x18\x05 \x01(\tR\vresumeToken\"\x8e\x01\n" +
+	"\fresume_token\x18\x05 \x01(\tR\vresumeToken\"\x9f\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bEXISTING\x10\x01\x12\n" +
@@ -2243,7 +2251,8 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\bPROGRESS\x10\x05\x12\x13\n" +
 	"\x0fOPERATION_ENDED\x10\x06\x12\v\n" +
 	"\aDELETED\x10\a\x12\f\n" +
-	"\bBOOKMARK\x10\b\"\xad\x01\n" +
+	"\bBOOKMARK\x10\b\x12\x0f\n" +
+	"\vLEFT_FILTER\x10\t\"\xad\x01\n" +
 	"\x11OperationProgress\x12\x1c\n" +
 	"\toperation\x18\x01 \x01(\tR\toperation\x12\x12\n" +
 	"\x04verb\x18\x02 \x01(\tR\x04verb\x12\x12\n" +
