@@ -129,17 +129,26 @@ func (s *Clusters) WatchClusters(req *clv1.WatchClustersRequest, stream grpc.Ser
 		return err
 	}
 	defer s.hub.detach(watcher)
+	return drain(ctx, watcher, tok, visit, watchToken.encode)
+}
+
+// drain feeds the watcher's items to visit until the stream's context
+// ends, the hub ends the watcher or visit fails. A watcher the hub cut off
+// for falling behind ends with a WatchTooSlowError that carries the token
+// resume makes of where it was ("" when it cannot be resumed).
+func drain(ctx context.Context, w *watcher, tok watchToken, visit func(watchItem, watchToken) (watchToken, error), resume func(watchToken) string) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-watcher.done:
+		case <-w.done:
 			var slow *WatchTooSlowError
-			if errors.As(watcher.err, &slow) {
-				return &WatchTooSlowError{Token: tok.encode()}
+			if errors.As(w.err, &slow) {
+				return &WatchTooSlowError{Token: resume(tok)}
 			}
-			return watcher.err
-		case it := <-watcher.items:
+			return w.err
+		case it := <-w.items:
+			var err error
 			if tok, err = visit(it, tok); err != nil {
 				return err
 			}
@@ -327,23 +336,11 @@ func (s *Clusters) WatchOperation(req *clv1.WatchOperationRequest, stream grpc.S
 		return err
 	}
 	defer s.hub.detach(watcher)
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-watcher.done:
-			var slow *WatchTooSlowError
-			if errors.As(watcher.err, &slow) {
-				// Nothing to resume from: the caller watches again.
-				return &WatchTooSlowError{}
-			}
-			return watcher.err
-		case it := <-watcher.items:
-			if tok, err = visit(it, tok); errors.Is(err, errDone) {
-				return nil
-			} else if err != nil {
-				return err
-			}
-		}
+	// Cut off for falling behind, there is nothing to resume from: the
+	// caller watches again.
+	err = drain(ctx, watcher, tok, visit, func(watchToken) string { return "" })
+	if errors.Is(err, errDone) {
+		return nil
 	}
+	return err
 }
