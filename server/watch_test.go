@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/google/uuid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -257,25 +259,110 @@ func TestWatchOperation(t *testing.T) {
 }
 
 // A change made through one server reaches a watcher on another server of
-// the same database.
+// the same database. On Galera the two servers use two nodes.
 func TestWatchAcrossServers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
 		dsn := b.NewDSN(t)
-		a := startOn(t, dsn, func(c *Config) { c.ServerID = "watch-a" })
-		bb := startOn(t, dsn, func(c *Config) { c.ServerID = "watch-b" })
-		ctx := tctx(t)
-		w := watch(t, bb.clients.clusters, ctx, &clv1.WatchClustersRequest{})
-		w.synced(t)
-		op, err := a.clients.clusters.CreateCluster(ctx, &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
-			DisplayName: "web", KubernetesVersion: "1.30.2", WorkerNodeCount: 1, ServiceOffering: "medium"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		msgs := w.until(t, endsOperation(op.GetName()))
-		if watchLine(msgs[0]) != "CREATED CREATED CLUSTER_CREATED" {
-			t.Errorf("watch on server b, first message: %s", watchLine(msgs[0]))
-		}
+		watchAcross(t, dsn, dsn)
 	})
+	t.Run("galera", func(t *testing.T) {
+		g, ok := repotest.Galera(t)
+		if !ok {
+			return
+		}
+		nodes := g.NodeDSNs(t)
+		watchAcross(t, nodes[0], nodes[1])
+	})
+}
+
+// watchAcross runs two servers, on dsnA and dsnB (one database), with a
+// watch on each, and races creates through both: each watch sees every
+// cluster's history entries exactly once and in the order the history
+// lists them, the first being its creation.
+func watchAcross(t *testing.T, dsnA, dsnB string) {
+	servers := []*harness{
+		startOn(t, dsnA, func(c *Config) { c.ServerID = "watch-a" }),
+		startOn(t, dsnB, func(c *Config) { c.ServerID = "watch-b" }),
+	}
+	ctx := tctx(t)
+	var watches []*watchStream
+	for _, h := range servers {
+		w := watch(t, h.clients.clusters, ctx, &clv1.WatchClustersRequest{})
+		w.synced(t)
+		watches = append(watches, w)
+	}
+	const creates = 6
+	ops := make([]*longrunningpb.Operation, creates)
+	errs := make([]error, creates)
+	var wg sync.WaitGroup
+	for i := range creates {
+		wg.Go(func() {
+			// Sent again with its request id while the database answers
+			// UNAVAILABLE, as clients do: on Galera, creates racing
+			// through two nodes may lose every attempt at certification.
+			req := &clv1.CreateClusterRequest{RequestId: uuid.NewString(), Cluster: &clv1.Cluster{
+				DisplayName: fmt.Sprintf("web-%d", i), KubernetesVersion: "1.30.2", WorkerNodeCount: 1, ServiceOffering: "medium"}}
+			for range 10 {
+				ops[i], errs[i] = servers[i%2].clients.clusters.CreateCluster(ctx, req)
+				if status.Code(errs[i]) != codes.Unavailable {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		servers[i%2].wait(t, ops[i])
+	}
+	// A kubeconfig read writes a history entry too (KUBECONFIG_READ); a
+	// stop after it ends the test's changes.
+	first := &clv1.Cluster{}
+	if err := servers[0].wait(t, ops[0]).GetResponse().UnmarshalTo(first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := servers[0].clients.clusters.GetKubeconfig(ctx, &clv1.GetKubeconfigRequest{Name: first.GetName()}); err != nil {
+		t.Fatal(err)
+	}
+	stop, err := servers[1].clients.clusters.StopCluster(ctx, &clv1.StopClusterRequest{Name: first.GetName()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers[1].wait(t, stop)
+	for wi, w := range watches {
+		ended := map[string]bool{}
+		seen := map[string][]string{} // cluster: its history entries, as the watch sent them
+		for len(ended) < creates+1 {
+			m := w.next(t)
+			if e := m.GetEvent(); e != nil {
+				seen[m.GetCluster().GetName()] = append(seen[m.GetCluster().GetName()], e.GetName()+" "+e.GetEvent())
+			}
+			if m.GetKind() == clv1.WatchClustersResponse_OPERATION_ENDED && m.GetProgress().GetDone() {
+				ended[m.GetProgress().GetOperation()] = true
+			}
+		}
+		if len(seen) != creates {
+			t.Errorf("the watch on server %d saw %d clusters; want %d", wi, len(seen), creates)
+		}
+		for cluster, got := range seen {
+			events, err := servers[0].clients.clusters.ListClusterEvents(ctx, &clv1.ListClusterEventsRequest{Parent: cluster, PageSize: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for _, e := range events.GetEvents() {
+				want = append(want, e.GetName()+" "+e.GetEvent())
+			}
+			if cluster == first.GetName() && !slices.ContainsFunc(got, func(e string) bool { return strings.HasSuffix(e, " KUBECONFIG_READ") }) {
+				t.Errorf("the watch on server %d did not see the kubeconfig read of %s", wi, cluster)
+			}
+			if !slices.Equal(got, want) || !strings.HasSuffix(got[0], " CLUSTER_CREATED") {
+				t.Errorf("the watch on server %d saw %s as\n  %s\nwant its history\n  %s", wi, cluster, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+			}
+		}
+	}
 }
 
 // With identities: a user's watch sees nothing of another account's
