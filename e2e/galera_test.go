@@ -112,13 +112,19 @@ func TestCrossPrimaryRaces(t *testing.T) {
 		rounds, refusals, retries, time.Since(began).Round(time.Millisecond))
 }
 
-// waitUntil polls cond (replication, which nothing announces) for up to 30s.
+// galeraPatience is how long a Galera test waits for the nodes to agree.
+const galeraPatience = 2 * time.Minute
+
+// waitUntil polls cond (replication, which nothing announces) for up to
+// galeraPatience: replication takes well under a second, but on a loaded
+// machine a Galera cluster has stalled every node for more than 30s (both
+// servers' heartbeats timing out) and then gone on.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(galeraPatience)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 30s", what)
+			t.Fatalf("%s: not within %s", what, galeraPatience)
 		}
 		time.Sleep(pollEvery)
 	}

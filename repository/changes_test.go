@@ -109,6 +109,41 @@ func TestChangeFeedRecordsRecoveryEnds(t *testing.T) {
 	})
 }
 
+// A cancellation request writes a progress row (once), so that watchers
+// learn of it before the job's next step; one for a finished job writes
+// none.
+func TestChangeFeedRecordsCancelRequests(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		c, j := create(t, s, "web")
+		before := len(readAll(t, s, repository.ChangeQuery{ClusterID: c.ID}))
+		for range 2 {
+			got, err := s.RequestCancel(ctx, j.ID)
+			if err != nil || !got.CancelRequested {
+				t.Fatalf("RequestCancel: %+v, %v; want the job with its cancellation requested", got, err)
+			}
+			j = got
+		}
+		cs := readAll(t, s, repository.ChangeQuery{ClusterID: c.ID})
+		if len(cs) != before+1 {
+			t.Fatalf("after two cancellation requests the feed has %d more rows; want 1", len(cs)-before)
+		}
+		if last := cs[len(cs)-1]; last.Kind != repository.ChangeProgress || last.Operation != j.ID || last.Status != repository.JobInProgress {
+			t.Errorf("the request's row = %+v; want a progress row of the running job", last)
+		}
+		if err := s.FailJobUnchanged(ctx, j.ID, j.UpdateTime, `{"code":1}`); err != nil {
+			t.Fatal(err)
+		}
+		ended := len(readAll(t, s, repository.ChangeQuery{ClusterID: c.ID}))
+		if _, err := s.RequestCancel(ctx, j.ID); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(readAll(t, s, repository.ChangeQuery{ClusterID: c.ID})); n != ended {
+			t.Errorf("a cancellation request for an ended job wrote %d rows; want none", n-ended)
+		}
+	})
+}
+
 // Rows are settled once they are older than the settle window by the
 // database's clock; a purge deletes the rows older than the retention and
 // records the highest id it deleted; a watch starting on an empty feed

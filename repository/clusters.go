@@ -226,7 +226,12 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		if err := tx.Create(&job).Error; err != nil {
 			return fmt.Errorf("insert job: %w", classify(err))
 		}
-		if err := tx.Create(&ev).Error; err != nil {
+		// A fresh copy each attempt: a retried transaction must not insert
+		// the id the rolled-back one was given, or the feed row below would
+		// not name this entry (an explicit id leaves LAST_INSERT_ID as the
+		// connection's previous insert).
+		entry := ev
+		if err := tx.Create(&entry).Error; err != nil {
 			return fmt.Errorf("insert event: %w", classify(err))
 		}
 		if err := s.recordClusterChange(tx, nc.ID, nj.ID); err != nil {

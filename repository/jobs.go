@@ -253,12 +253,18 @@ func (e *JobConflictError) Unwrap() error { return ErrConflict }
 
 // RequestCancel marks a running job for cooperative cancellation (its runner
 // stops at the next step). Cancelling a finished job changes nothing and is
-// not an error; the job is returned as stored either way.
+// not an error; the job is returned as stored either way. The first request
+// appends a progress row to the change feed, so that watchers learn of it
+// before the job's next step.
 func (s *Store) RequestCancel(ctx context.Context, jobID string) (Job, error) {
-	err := s.retrying(ctx, func() error {
-		return classify(s.db.WithContext(ctx).Model(&jobRow{}).
-			Where("id = ? AND status = ?", jobID, string(JobInProgress)).
-			Updates(map[string]any{"cancel_requested": true, "update_time": s.stamp()}).Error)
+	err := s.transaction(ctx, func(tx *gorm.DB) error {
+		res := tx.Model(&jobRow{}).
+			Where("id = ? AND status = ? AND cancel_requested = ?", jobID, string(JobInProgress), false).
+			Updates(map[string]any{"cancel_requested": true, "update_time": s.stamp()})
+		if res.Error != nil || res.RowsAffected != 1 {
+			return classify(res.Error)
+		}
+		return s.recordJobChanges(tx, ChangeProgress, "j.id = ?", jobID)
 	})
 	if err != nil {
 		return Job{}, fmt.Errorf("cancel job %s: %w", jobID, err)

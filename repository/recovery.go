@@ -268,7 +268,8 @@ func (s *Store) RecordEvent(ctx context.Context, e Event) error {
 				return nil
 			}
 		}
-		if err := tx.Create(&row).Error; err != nil {
+		entry := row // fresh each attempt (see CreateCluster)
+		if err := tx.Create(&entry).Error; err != nil {
 			return classify(err)
 		}
 		return s.recordClusterChange(tx, e.ClusterID, e.Operation)

@@ -105,6 +105,9 @@ func (s *Store) ClusterSecrets(ctx context.Context, clusterID string, audit *Eve
 			if err := tx.Create(&ev).Error; err != nil {
 				return fmt.Errorf("record %s: %w", audit.Name, classify(err))
 			}
+			if err := s.recordClusterChange(tx, clusterID, audit.Operation); err != nil {
+				return err
+			}
 		}
 		return classify(tx.Where("cluster_id = ?", clusterID).Order("kind").Find(&rows).Error)
 	})

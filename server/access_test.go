@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -117,6 +118,9 @@ type accessCase struct {
 	listsClusters bool // the answer is a list that must show team-a only to whom may see it
 	listsOps      bool
 	simulator     bool
+	// stream: a server-streaming RPC, read until it has said what the
+	// caller may see (a watch until SYNCED, an operation's first message).
+	stream bool
 }
 
 func accessCases() []accessCase {
@@ -198,6 +202,36 @@ func accessCases() []accessCase {
 				return c.clusters.ListClusterEvents(ctx, &clv1.ListClusterEventsRequest{Parent: fx.cluster})
 			},
 			rest: func(fx fixture, _ int) (string, string, string) { return "GET", "/v1/" + fx.cluster + "/events", "" }},
+		{rpc: "GetKubeconfig", owner: codes.OK, admin: codes.OK,
+			grpc: func(ctx context.Context, c grpcClients, fx fixture, _ int) (any, error) {
+				return c.clusters.GetKubeconfig(ctx, &clv1.GetKubeconfigRequest{Name: fx.cluster})
+			},
+			rest: func(fx fixture, _ int) (string, string, string) {
+				return "GET", "/v1/" + fx.cluster + ":kubeconfig", ""
+			}},
+		{rpc: "WatchClusters", owner: codes.OK, admin: codes.OK, listsClusters: true, stream: true,
+			grpc: func(ctx context.Context, c grpcClients, _ fixture, _ int) (any, error) {
+				return watchExisting(ctx, c, &clv1.WatchClustersRequest{})
+			},
+			rest: func(fixture, int) (string, string, string) { return "GET", "/v1/clusters:watch", "" }},
+		{rpc: "WatchClusters of the cluster", owner: codes.OK, admin: codes.OK, stream: true,
+			grpc: func(ctx context.Context, c grpcClients, fx fixture, _ int) (any, error) {
+				return watchExisting(ctx, c, &clv1.WatchClustersRequest{Name: fx.cluster})
+			},
+			rest: func(fx fixture, _ int) (string, string, string) {
+				return "GET", "/v1/clusters:watch?name=" + fx.cluster, ""
+			}},
+		{rpc: "WatchOperation", owner: codes.OK, admin: codes.OK, stream: true,
+			grpc: func(ctx context.Context, c grpcClients, fx fixture, _ int) (any, error) {
+				ctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				s, err := c.clusters.WatchOperation(ctx, &clv1.WatchOperationRequest{Name: fx.op})
+				if err != nil {
+					return nil, err
+				}
+				return s.Recv()
+			},
+			rest: func(fx fixture, _ int) (string, string, string) { return "GET", "/v1/" + fx.op + ":watch", "" }},
 		{rpc: "GetOperation", owner: codes.OK, admin: codes.OK,
 			grpc: func(ctx context.Context, c grpcClients, fx fixture, _ int) (any, error) {
 				return c.ops.GetOperation(ctx, &longrunningpb.GetOperationRequest{Name: fx.op})
@@ -289,6 +323,58 @@ func accessCases() []accessCase {
 }
 
 // want is what a caller gets from an RPC of the matrix.
+// watchExisting opens a watch and returns the clusters it starts with (the
+// EXISTING messages before SYNCED), as a list the matrix checks.
+func watchExisting(ctx context.Context, c grpcClients, req *clv1.WatchClustersRequest) (*clv1.ListClustersResponse, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := c.clusters.WatchClusters(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	list := &clv1.ListClustersResponse{}
+	for {
+		m, err := s.Recv()
+		if err != nil {
+			return nil, err
+		}
+		switch m.GetKind() {
+		case clv1.WatchClustersResponse_EXISTING:
+			list.Clusters = append(list.Clusters, m.GetCluster())
+		case clv1.WatchClustersResponse_SYNCED:
+			return list, nil
+		}
+	}
+}
+
+// TestAccess_MatrixCoversEveryRPC fails when an RPC of a service the matrix
+// checks has no case in it.
+func TestAccess_MatrixCoversEveryRPC(t *testing.T) {
+	covered := map[string]bool{}
+	for _, tc := range accessCases() {
+		rpc, _, _ := strings.Cut(tc.rpc, " ")
+		covered[rpc] = true
+	}
+	for _, sd := range []grpc.ServiceDesc{clv1.ClusterLifecycle_ServiceDesc, longrunningpb.Operations_ServiceDesc, clv1.Simulator_ServiceDesc} {
+		prefix := ""
+		if sd.ServiceName == clv1.Simulator_ServiceDesc.ServiceName {
+			prefix = "Simulator/"
+		}
+		var names []string
+		for _, m := range sd.Methods {
+			names = append(names, m.MethodName)
+		}
+		for _, st := range sd.Streams {
+			names = append(names, st.StreamName)
+		}
+		for _, n := range names {
+			if !covered[prefix+n] {
+				t.Errorf("%s/%s has no case in the access matrix", sd.ServiceName, n)
+			}
+		}
+	}
+}
+
 func (c accessCase) want(w who) codes.Code {
 	switch {
 	case w.name == anonymous.name || w.name == wrongToken.name:
@@ -446,6 +532,67 @@ func callGRPC(t *testing.T, h *harness, c grpcClients, tc accessCase, fx fixture
 	return codes.OK, "", names
 }
 
+// restStatus is the HTTP status of an answer with the code.
+func restStatus(code codes.Code) int {
+	return map[codes.Code]int{codes.OK: 200, codes.InvalidArgument: 400, codes.NotFound: 404, codes.Unauthenticated: 401, codes.PermissionDenied: 403,
+		codes.FailedPrecondition: 400, codes.Unimplemented: 501}[code]
+}
+
+// restStream reads a streaming REST answer (newline-delimited JSON, one
+// {"result": ...} or {"error": ...} per line): a watch until SYNCED, with
+// the clusters it started with; an operation's first message.
+func restStream(t *testing.T, method, path string, body io.Reader) (codes.Code, string, []string) {
+	t.Helper()
+	lines := bufio.NewScanner(body)
+	lines.Buffer(make([]byte, 1<<20), 1<<20)
+	var names []string
+	for lines.Scan() {
+		type status struct {
+			Code    codes.Code `json:"code"`
+			Details []struct {
+				Type   string `json:"@type"`
+				Reason string `json:"reason"`
+			} `json:"details"`
+		}
+		var line struct {
+			status // refused before the stream began
+			Result struct {
+				Kind    string `json:"kind"`
+				Cluster struct {
+					Name string `json:"name"`
+				} `json:"cluster"`
+				Name string `json:"name"`
+			} `json:"result"`
+			Error *status `json:"error"`
+		}
+		if err := json.Unmarshal(lines.Bytes(), &line); err != nil {
+			t.Fatalf("%s %s: line %q is not JSON: %v", method, path, lines.Text(), err)
+		}
+		if line.Error == nil && line.Code != codes.OK {
+			line.Error = &line.status
+		}
+		if e := line.Error; e != nil {
+			for _, d := range e.Details {
+				if d.Type == "type.googleapis.com/google.rpc.ErrorInfo" {
+					return e.Code, d.Reason, nil
+				}
+			}
+			t.Errorf("%s %s: error %s carries no ErrorInfo", method, path, lines.Text())
+			return e.Code, "", nil
+		}
+		switch r := line.Result; {
+		case strings.HasPrefix(r.Name, "operations/"):
+			return codes.OK, "", nil
+		case r.Kind == "EXISTING":
+			names = append(names, r.Cluster.Name)
+		case r.Kind == "SYNCED":
+			return codes.OK, "", names
+		}
+	}
+	t.Fatalf("%s %s: the stream ended (%v) before it said anything", method, path, lines.Err())
+	return 0, "", nil
+}
+
 // callREST makes one matrix call over REST.
 func callREST(t *testing.T, h *harness, tc accessCase, fx fixture, w who, n int) (codes.Code, string, []string) {
 	t.Helper()
@@ -462,6 +609,13 @@ func callREST(t *testing.T, h *harness, tc accessCase, fx fixture, w who, n int)
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	if tc.stream {
+		code, reason, names := restStream(t, method, path, resp.Body)
+		if wantHTTP := restStatus(code); resp.StatusCode != wantHTTP {
+			t.Errorf("%s %s: HTTP %d for %v; want %d", method, path, resp.StatusCode, code, wantHTTP)
+		}
+		return code, reason, names
+	}
 	raw, _ := io.ReadAll(resp.Body)
 	var out struct {
 		Code    codes.Code `json:"code"`
@@ -481,9 +635,7 @@ func callREST(t *testing.T, h *harness, tc accessCase, fx fixture, w who, n int)
 		t.Fatalf("%s %s: %d, body is not JSON: %q", method, path, resp.StatusCode, raw)
 	}
 	if resp.StatusCode != http.StatusOK {
-		wantHTTP := map[codes.Code]int{codes.NotFound: 404, codes.Unauthenticated: 401, codes.PermissionDenied: 403,
-			codes.FailedPrecondition: 400, codes.Unimplemented: 501}[out.Code]
-		if resp.StatusCode != wantHTTP {
+		if wantHTTP := restStatus(out.Code); resp.StatusCode != wantHTTP {
 			t.Errorf("%s %s: HTTP %d for %v; want %d", method, path, resp.StatusCode, out.Code, wantHTTP)
 		}
 		if out.Code == codes.Unauthenticated && resp.Header.Get("WWW-Authenticate") != `Bearer realm="clusterd"` {

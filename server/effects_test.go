@@ -76,6 +76,33 @@ func fxCreate(t *testing.T, h *harness, cl *clv1.Cluster) *clv1.Cluster {
 	return c
 }
 
+// fxTarget checks the worker count an operation's metadata says it leads to.
+func fxTarget(t *testing.T, op *longrunningpb.Operation, want int32) {
+	t.Helper()
+	if got := fxMetadata(t, op).GetTargetWorkerNodeCount(); got != want {
+		t.Errorf("%s: metadata target_worker_node_count = %d; want %d", op.GetName(), got, want)
+	}
+}
+
+// fxNodeNames checks that every node of the cluster has a display name of
+// the cluster's name, its role and the end of its machine id, and that no
+// two are alike.
+func fxNodeNames(t *testing.T, c *clv1.Cluster) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, n := range c.GetNodes() {
+		id := strings.ReplaceAll(strings.TrimPrefix(n.GetName(), "machines/"), "-", "")
+		want := c.GetDisplayName() + "-" + strings.ToLower(n.GetRole().String()) + "-" + id[len(id)-8:]
+		if n.GetDisplayName() != want {
+			t.Errorf("node %s is displayed as %q; want %q", n.GetName(), n.GetDisplayName(), want)
+		}
+		if seen[n.GetDisplayName()] {
+			t.Errorf("two nodes of %s are displayed as %q", c.GetName(), n.GetDisplayName())
+		}
+		seen[n.GetDisplayName()] = true
+	}
+}
+
 func fxGet(t *testing.T, h *harness, name string) *clv1.Cluster {
 	t.Helper()
 	c, err := h.clients.clusters.GetCluster(tctx(t), &clv1.GetClusterRequest{Name: name})
@@ -364,10 +391,15 @@ func TestEffect_ScaleSize(t *testing.T) {
 		original := fxWithRole(fxMachines(t, h, c.GetName()), clv1.Node_WORKER)
 
 		op, err := h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: new(int32(4))})
-		fxDone(t, h, op, err)
-		if got := fxGet(t, h, c.GetName()); got.GetState() != clv1.Cluster_RUNNING || got.GetWorkerNodeCount() != 4 || got.GetCurrentOperation() != "" {
+		fxTarget(t, fxDone(t, h, op, err), 4)
+		got := fxGet(t, h, c.GetName())
+		if got.GetState() != clv1.Cluster_RUNNING || got.GetWorkerNodeCount() != 4 || got.GetCurrentOperation() != "" {
 			t.Errorf("after scale up: %s, %d workers, held by %q; want RUNNING with 4, released", got.GetState(), got.GetWorkerNodeCount(), got.GetCurrentOperation())
 		}
+		if len(got.GetNodes()) != 5 {
+			t.Errorf("after scale up: %d nodes; want 5", len(got.GetNodes()))
+		}
+		fxNodeNames(t, got)
 		up := fxWithRole(fxCheckNodes(t, h, c.GetName(), 1, 4, "1.30.2"), clv1.Node_WORKER)
 		var added []string
 		for _, m := range up {
@@ -381,7 +413,7 @@ func TestEffect_ScaleSize(t *testing.T) {
 
 		// Down without naming nodes: the newest workers go.
 		op, err = h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: new(int32(2))})
-		fxDone(t, h, op, err)
+		fxTarget(t, fxDone(t, h, op, err), 2)
 		if got := fxGet(t, h, c.GetName()); got.GetState() != clv1.Cluster_RUNNING || got.GetWorkerNodeCount() != 2 {
 			t.Errorf("after scale down: %s with %d workers; want RUNNING with 2", got.GetState(), got.GetWorkerNodeCount())
 		}
@@ -399,7 +431,7 @@ func TestEffect_ScaleSize(t *testing.T) {
 		// Down naming the node: exactly that one goes.
 		victim, survivor := original[0].GetName(), original[1].GetName()
 		op, err = h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), WorkerNodeCount: new(int32(1)), RemoveNodes: []string{victim}})
-		fxDone(t, h, op, err)
+		fxTarget(t, fxDone(t, h, op, err), 1)
 		if got := fxGet(t, h, c.GetName()); got.GetWorkerNodeCount() != 1 {
 			t.Errorf("after removing %s: %d workers; want 1", victim, got.GetWorkerNodeCount())
 		}
@@ -439,7 +471,7 @@ func TestEffect_ScaleOffering(t *testing.T) {
 		c := h.create(t, "web", 2)
 
 		op, err := h.clients.clusters.ScaleCluster(ctx, &clv1.ScaleClusterRequest{Name: c.GetName(), ServiceOffering: "large"})
-		fxDone(t, h, op, err)
+		fxTarget(t, fxDone(t, h, op, err), 0)
 		if got := fxGet(t, h, c.GetName()); got.GetState() != clv1.Cluster_RUNNING || got.GetServiceOffering() != "large" || got.GetWorkerNodeCount() != 2 {
 			t.Errorf("after a running offering change: %s, %q, %d workers; want RUNNING, large, 2", got.GetState(), got.GetServiceOffering(), got.GetWorkerNodeCount())
 		}
@@ -559,7 +591,7 @@ func TestEffect_AddRemoveNodes(t *testing.T) {
 		ext := []*clv1.Machine{fxExternal(t, h), fxExternal(t, h)}
 
 		op, err := h.clients.clusters.AddNodes(ctx, &clv1.AddNodesRequest{Name: c.GetName(), Machines: fxNames(ext)})
-		fxDone(t, h, op, err)
+		fxTarget(t, fxDone(t, h, op, err), 4)
 		if got := fxGet(t, h, c.GetName()); got.GetState() != clv1.Cluster_RUNNING || got.GetWorkerNodeCount() != 4 || got.GetCurrentOperation() != "" {
 			t.Errorf("after adding 2 nodes: %s, %d workers, held by %q; want RUNNING, 4, released", got.GetState(), got.GetWorkerNodeCount(), got.GetCurrentOperation())
 		}
@@ -588,7 +620,7 @@ func TestEffect_AddRemoveNodes(t *testing.T) {
 
 		gone := ext[0].GetName()
 		op, err = h.clients.clusters.RemoveNodes(ctx, &clv1.RemoveNodesRequest{Name: c.GetName(), Nodes: []string{gone}})
-		fxDone(t, h, op, err)
+		fxTarget(t, fxDone(t, h, op, err), 0)
 		if got := fxGet(t, h, c.GetName()); got.GetState() != clv1.Cluster_RUNNING || got.GetWorkerNodeCount() != 3 {
 			t.Errorf("after removing a node: %s with %d workers; want RUNNING with 3", got.GetState(), got.GetWorkerNodeCount())
 		}

@@ -91,6 +91,13 @@ func (s *Server) gateway(ctx context.Context) error {
 	// every gateway is built, and serves, after that write.
 	strictQueryOnce.Do(func() { runtime.NewServeMux(runtime.SetQueryParameterParser(strictQuery{})) })
 	mux = runtime.NewServeMux(opts...)
+	// The mux tries the routes registered last first: Operations goes
+	// before ClusterLifecycle, or its GetOperation (/v1/{name=operations/*})
+	// would take GET /v1/operations/{id}:watch as an operation named
+	// "{id}:watch".
+	if err := opsgw.RegisterOperationsHandler(ctx, mux, conn); err != nil {
+		return fmt.Errorf("gateway Operations: %w", err)
+	}
 	if err := clv1.RegisterClusterLifecycleHandler(ctx, mux, conn); err != nil {
 		return fmt.Errorf("gateway ClusterLifecycle: %w", err)
 	}
@@ -99,9 +106,6 @@ func (s *Server) gateway(ctx context.Context) error {
 	}
 	if err := clv1.RegisterQuotasHandler(ctx, mux, conn); err != nil {
 		return fmt.Errorf("gateway Quotas: %w", err)
-	}
-	if err := opsgw.RegisterOperationsHandler(ctx, mux, conn); err != nil {
-		return fmt.Errorf("gateway Operations: %w", err)
 	}
 	if err := clv1.RegisterSimulatorHandler(ctx, mux, conn); err != nil {
 		return fmt.Errorf("gateway Simulator: %w", err)

@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
+	"github.com/google/uuid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -35,7 +38,7 @@ func watchLine(m *clv1.WatchClustersResponse) string {
 	if e := m.GetEvent(); e != nil {
 		s += " " + e.GetEvent()
 	}
-	if p := m.GetProgress(); p != nil && m.GetKind() != clv1.WatchClustersResponse_CHANGED && m.GetKind() != clv1.WatchClustersResponse_CREATED {
+	if p := m.GetProgress(); p != nil && m.GetKind() != clv1.WatchClustersResponse_CHANGED && m.GetKind() != clv1.WatchClustersResponse_CREATED && m.GetKind() != clv1.WatchClustersResponse_LEFT_FILTER {
 		s += fmt.Sprintf(" %s %d/%d", p.GetStep(), p.GetStepsDone(), p.GetStepsTotal())
 		if p.GetDone() {
 			s += " done"
@@ -256,25 +259,110 @@ func TestWatchOperation(t *testing.T) {
 }
 
 // A change made through one server reaches a watcher on another server of
-// the same database.
+// the same database. On Galera the two servers use two nodes.
 func TestWatchAcrossServers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
 		dsn := b.NewDSN(t)
-		a := startOn(t, dsn, func(c *Config) { c.ServerID = "watch-a" })
-		bb := startOn(t, dsn, func(c *Config) { c.ServerID = "watch-b" })
-		ctx := tctx(t)
-		w := watch(t, bb.clients.clusters, ctx, &clv1.WatchClustersRequest{})
-		w.synced(t)
-		op, err := a.clients.clusters.CreateCluster(ctx, &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
-			DisplayName: "web", KubernetesVersion: "1.30.2", WorkerNodeCount: 1, ServiceOffering: "medium"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		msgs := w.until(t, endsOperation(op.GetName()))
-		if watchLine(msgs[0]) != "CREATED CREATED CLUSTER_CREATED" {
-			t.Errorf("watch on server b, first message: %s", watchLine(msgs[0]))
-		}
+		watchAcross(t, dsn, dsn)
 	})
+	t.Run("galera", func(t *testing.T) {
+		g, ok := repotest.Galera(t)
+		if !ok {
+			return
+		}
+		nodes := g.NodeDSNs(t)
+		watchAcross(t, nodes[0], nodes[1])
+	})
+}
+
+// watchAcross runs two servers, on dsnA and dsnB (one database), with a
+// watch on each, and races creates through both: each watch sees every
+// cluster's history entries exactly once and in the order the history
+// lists them, the first being its creation.
+func watchAcross(t *testing.T, dsnA, dsnB string) {
+	servers := []*harness{
+		startOn(t, dsnA, func(c *Config) { c.ServerID = "watch-a" }),
+		startOn(t, dsnB, func(c *Config) { c.ServerID = "watch-b" }),
+	}
+	ctx := tctx(t)
+	var watches []*watchStream
+	for _, h := range servers {
+		w := watch(t, h.clients.clusters, ctx, &clv1.WatchClustersRequest{})
+		w.synced(t)
+		watches = append(watches, w)
+	}
+	const creates = 6
+	ops := make([]*longrunningpb.Operation, creates)
+	errs := make([]error, creates)
+	var wg sync.WaitGroup
+	for i := range creates {
+		wg.Go(func() {
+			// Sent again with its request id while the database answers
+			// UNAVAILABLE, as clients do: on Galera, creates racing
+			// through two nodes may lose every attempt at certification.
+			req := &clv1.CreateClusterRequest{RequestId: uuid.NewString(), Cluster: &clv1.Cluster{
+				DisplayName: fmt.Sprintf("web-%d", i), KubernetesVersion: "1.30.2", WorkerNodeCount: 1, ServiceOffering: "medium"}}
+			for range 10 {
+				ops[i], errs[i] = servers[i%2].clients.clusters.CreateCluster(ctx, req)
+				if status.Code(errs[i]) != codes.Unavailable {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		servers[i%2].wait(t, ops[i])
+	}
+	// A kubeconfig read writes a history entry too (KUBECONFIG_READ); a
+	// stop after it ends the test's changes.
+	first := &clv1.Cluster{}
+	if err := servers[0].wait(t, ops[0]).GetResponse().UnmarshalTo(first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := servers[0].clients.clusters.GetKubeconfig(ctx, &clv1.GetKubeconfigRequest{Name: first.GetName()}); err != nil {
+		t.Fatal(err)
+	}
+	stop, err := servers[1].clients.clusters.StopCluster(ctx, &clv1.StopClusterRequest{Name: first.GetName()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers[1].wait(t, stop)
+	for wi, w := range watches {
+		ended := map[string]bool{}
+		seen := map[string][]string{} // cluster: its history entries, as the watch sent them
+		for len(ended) < creates+1 {
+			m := w.next(t)
+			if e := m.GetEvent(); e != nil {
+				seen[m.GetCluster().GetName()] = append(seen[m.GetCluster().GetName()], e.GetName()+" "+e.GetEvent())
+			}
+			if m.GetKind() == clv1.WatchClustersResponse_OPERATION_ENDED && m.GetProgress().GetDone() {
+				ended[m.GetProgress().GetOperation()] = true
+			}
+		}
+		if len(seen) != creates {
+			t.Errorf("the watch on server %d saw %d clusters; want %d", wi, len(seen), creates)
+		}
+		for cluster, got := range seen {
+			events, err := servers[0].clients.clusters.ListClusterEvents(ctx, &clv1.ListClusterEventsRequest{Parent: cluster, PageSize: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for _, e := range events.GetEvents() {
+				want = append(want, e.GetName()+" "+e.GetEvent())
+			}
+			if cluster == first.GetName() && !slices.ContainsFunc(got, func(e string) bool { return strings.HasSuffix(e, " KUBECONFIG_READ") }) {
+				t.Errorf("the watch on server %d did not see the kubeconfig read of %s", wi, cluster)
+			}
+			if !slices.Equal(got, want) || !strings.HasSuffix(got[0], " CLUSTER_CREATED") {
+				t.Errorf("the watch on server %d saw %s as\n  %s\nwant its history\n  %s", wi, cluster, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+			}
+		}
+	}
 }
 
 // With identities: a user's watch sees nothing of another account's
@@ -501,6 +589,42 @@ func TestWatchLimitPerAccount(t *testing.T) {
 				t.Fatal("the first watch's place was never given back")
 			case <-time.After(10 * time.Millisecond):
 			}
+		}
+	})
+}
+
+// A watch filtered on state is told when a transition takes a cluster out
+// of it (LEFT_FILTER), and when one brings it back (CHANGED), and nothing
+// in between.
+func TestWatchFollowsAClusterOutOfItsFilter(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		h := start(t, b)
+		ctx := tctx(t)
+		c := h.create(t, "web", 1)
+		w := watch(t, h.clients.clusters, ctx, &clv1.WatchClustersRequest{Filter: "state = RUNNING"})
+		if got := w.synced(t); len(got) != 1 || got[0].GetName() != c.GetName() {
+			t.Fatalf("a watch of RUNNING clusters starts with %v; want %s", got, c.GetName())
+		}
+		op, err := h.clients.clusters.StopCluster(ctx, &clv1.StopClusterRequest{Name: c.GetName()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.wait(t, op)
+		op, err = h.clients.clusters.StartCluster(ctx, &clv1.StartClusterRequest{Name: c.GetName()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.wait(t, op)
+		var got []string
+		for _, m := range w.until(t, func(m *clv1.WatchClustersResponse) bool { return m.GetEvent().GetToState() == clv1.Cluster_RUNNING }) {
+			if m.GetCluster().GetName() != c.GetName() {
+				t.Errorf("message %s is of %s; want %s", watchLine(m), m.GetCluster().GetName(), c.GetName())
+			}
+			got = append(got, watchLine(m))
+		}
+		want := []string{"LEFT_FILTER STOPPING STOP_REQUESTED", "CHANGED RUNNING OPERATION_SUCCEEDED"}
+		if !slices.Equal(got, want) {
+			t.Errorf("a watch of RUNNING clusters over a stop and a start saw\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -195,7 +196,7 @@ func TestWebView(t *testing.T) {
 		   return {text: r.innerText, done: +bar.getAttribute('aria-valuenow'), total: +bar.getAttribute('aria-valuemax'),
 		           state: r.querySelector('.state').innerText, problem: !document.querySelector('#problem').hidden}; })()`)
 	text, _ := row["text"].(string)
-	for _, want := range []string{"web", c.GetName(), "ops", "SCALING", "1.30.2", "scale", "join_node"} {
+	for _, want := range []string{"web", c.GetName(), "ops", "SCALING", "1.30.2", "scale", "join_node", "scale to 2 workers: 2 worker machines now, 1 running and joined"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the cluster's row shows %q; want %q in it", text, want)
 		}
@@ -252,16 +253,38 @@ func TestWebView(t *testing.T) {
 		span int
 		text string
 	}{
-		{0, "join_node"}, {0, "SCALE_UP_REQUESTED"}, {1, "RECOVERY_REQUESTED"}, {2, "destroy_machine: machines/"},
-		{2, "OPERATION_FAILED"}, {3, "CLUSTER_CREATED"}, {3, "STARTING → RUNNING"},
+		{0, "join_node"}, {0, "scale up requested"}, {1, "recovery started"}, {2, "destroy_machine: machines/"},
+		{2, "operation failed"}, {2, "repair"}, {3, "cluster created"}, {3, "STARTING → RUNNING"},
 	} {
 		if !strings.Contains(spans[w.span].Text, w.text) {
 			t.Errorf("timeline entry %d shows %q; want %q in it", w.span, spans[w.span].Text, w.text)
 		}
 	}
-	nodes := see[float64](t, ctx, "the nodes", `document.querySelectorAll('#nodes tbody tr').length`)
-	if nodes != 3 { // control, worker, and the scale's machine being joined
-		t.Errorf("the nodes table has %v rows; want 3", nodes)
+	// Events in words; their names stay in data-event.
+	labels := see[[]string](t, ctx, "the timeline's events", `[...document.querySelectorAll('#timeline .events b')].map(b => b.dataset.event + '=' + b.innerText)`)
+	for _, l := range labels {
+		name, text, _ := strings.Cut(l, "=")
+		if !regexp.MustCompile(`^[A-Z]+(_[A-Z]+)*$`).MatchString(name) || strings.ContainsAny(text, "_") || text != strings.ToLower(text) {
+			t.Errorf("timeline event %q is shown as %q; want its name in data-event and words in the text", name, text)
+		}
+	}
+	nodes := see[[]string](t, ctx, "the nodes", `[...document.querySelectorAll('#nodes tbody tr')].map(r => r.querySelector('.node-name').innerText + ' ' + r.dataset.machine)`)
+	if len(nodes) != 3 { // control, worker, and the scale's machine being joined
+		t.Errorf("the nodes table has %d rows: %v; want 3", len(nodes), nodes)
+	}
+	for _, n := range nodes {
+		display, machine, _ := strings.Cut(n, " ")
+		id := strings.ReplaceAll(machine, "-", "")
+		if !regexp.MustCompile(`^web-(control|worker)-[0-9a-f]{8}$`).MatchString(display) || !strings.HasSuffix(id, display[len(display)-8:]) {
+			t.Errorf("node row %q; want a readable name (web-ROLE-<end of its machine id>) beside its machine", n)
+		}
+	}
+	// Desired against actual while the scale runs: 2 workers wanted, 2
+	// worker machines there (1 joined, 1 held at join_node).
+	size := see[map[string]any](t, ctx, "the scale's desired and actual size",
+		`(() => { const d = document.querySelector('.cards .desired'); return d && {desired: d.dataset.desired, actual: d.dataset.actual, ready: d.dataset.ready, text: d.innerText}; })()`)
+	if size["desired"] != "2" || size["actual"] != "2" || size["ready"] != "1" || !strings.Contains(size["text"].(string), "scale to 2 workers") {
+		t.Errorf("the size card shows %v; want 2 workers desired, 2 worker machines of which 1 running and joined", size)
 	}
 	screenshot(t, ctx, dir, "cluster.png")
 
@@ -275,6 +298,9 @@ func TestWebView(t *testing.T) {
 	see[bool](t, ctx, "the scale succeeded and the cluster RUNNING",
 		`document.querySelector('#cluster .state').innerText === 'RUNNING' &&
 		 document.querySelector('#timeline > li').dataset.result === 'succeeded'`)
+	if gone := see[bool](t, ctx, "no desired size once the scale ended", `!document.querySelector('.desired')`); !gone {
+		t.Error("the page still shows a desired size after the scale ended")
+	}
 	screenshot(t, ctx, dir, "cluster-after.png")
 
 	// A machine stops: the page says why the cluster is ALERT and what to

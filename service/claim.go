@@ -74,8 +74,10 @@ type request struct {
 	event    lifecycle.Event
 	eventFor func(c repository.Cluster) lifecycle.Event
 	// params are stored on the job (JSON) so an interrupted operation can
-	// be understood and rerun.
-	params any
+	// be understood and rerun; paramsFor, when set, builds them from the
+	// cluster as read (the worker count a scale leads to).
+	params    any
+	paramsFor func(c repository.Cluster) any
 	// check validates the request against the cluster as read, after the
 	// holder and state checks (e.g. an offering smaller than the current
 	// one). It must not change anything.
@@ -229,7 +231,11 @@ func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key 
 			t.Quota = s.quotaCheck()
 		}
 	}
-	return s.claim(ctx, t, r.verb, key, r.params, r.work)
+	params := r.params
+	if r.paramsFor != nil {
+		params = r.paramsFor(c)
+	}
+	return s.claim(ctx, t, r.verb, key, params, r.work)
 }
 
 // claim writes the claim (the CAS, the job row and the history entry in one

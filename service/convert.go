@@ -1,6 +1,7 @@
 package service
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -62,15 +63,26 @@ func clusterState(s lifecycle.State) clv1.Cluster_State {
 	return clv1.Cluster_State(clv1.Cluster_State_value[s.String()])
 }
 
-// toNode presents a machine of a cluster as one of its nodes.
-func toNode(m infra.Machine) *clv1.Node {
+// toNode presents a machine of the cluster named display as one of its
+// nodes.
+func toNode(display string, m infra.Machine) *clv1.Node {
 	return &clv1.Node{
 		Name:              machinePrefix + m.ID,
+		DisplayName:       nodeDisplayName(display, m),
 		Role:              clv1.Node_Role(clv1.Node_Role_value[string(m.Role)]),
 		Power:             clv1.Node_Power(clv1.Node_Power_value[string(m.Power)]),
 		Joined:            m.Joined,
 		KubernetesVersion: m.KubernetesVersion,
 	}
+}
+
+// nodeDisplayName names a node as people name machines: cluster, role and
+// the end of its machine id (the random or hashed part of every UUID
+// version clusterd makes), stable for the machine's life.
+func nodeDisplayName(display string, m infra.Machine) string {
+	role := strings.ToLower(string(m.Role))
+	id := strings.ReplaceAll(m.ID, "-", "")
+	return display + "-" + role + "-" + id[max(0, len(id)-8):]
 }
 
 func toCluster(c repository.Cluster) *clv1.Cluster {
@@ -141,6 +153,22 @@ func jobError(j repository.Job) *spb.Status {
 	return st
 }
 
+// targetWorkers is the worker count a scale or AddNodes job leads to, as
+// its claim stored it (0 for other jobs, and for those claimed before the
+// count was stored).
+func targetWorkers(j repository.Job) int32 {
+	if j.Kind != VerbScale && j.Kind != VerbAddNodes {
+		return 0
+	}
+	var p struct {
+		Target int32 `json:"target"`
+	}
+	if err := json.Unmarshal([]byte(j.Params), &p); err != nil {
+		return 0
+	}
+	return p.Target
+}
+
 // toOperation presents a job as a google.longrunning.Operation. The job's
 // Result is the protojson of a google.protobuf.Any (the response) and its
 // Error the protojson of a google.rpc.Status; rows that cannot be decoded are
@@ -159,6 +187,7 @@ func toOperation(j repository.Job) (*longrunningpb.Operation, error) {
 	if j.ResourceID != "" {
 		md.Cluster = clusterName(j.ResourceID)
 	}
+	md.TargetWorkerNodeCount = targetWorkers(j)
 	if j.EndTime != nil {
 		md.EndTime = timestamppb.New(*j.EndTime)
 	}

@@ -337,7 +337,7 @@ func (h *Hub) load(ctx context.Context, changes []repository.Change, states map[
 		}
 		for _, m := range machines {
 			if v := views[m.ClusterID]; v != nil {
-				v.Nodes = append(v.Nodes, toNode(m))
+				v.Nodes = append(v.Nodes, toNode(v.DisplayName, m))
 			}
 		}
 	}

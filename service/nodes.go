@@ -17,6 +17,16 @@ import (
 // nodesPlan is an AddNodes or RemoveNodes job's parameters.
 type nodesPlan struct {
 	Machines []string `json:"machines"`
+	// Target is the worker count an AddNodes job leads to from the
+	// cluster's as claimed, shown in the operation's metadata. (A
+	// RemoveNodes job leaves it 0: it may remove control nodes too.)
+	Target int32 `json:"target,omitempty"`
+}
+
+// withAdded is the plan as stored on the job of an AddNodes claim of c.
+func (p nodesPlan) withAdded(c repository.Cluster) any {
+	p.Target = c.Spec.WorkerNodeCount + int32(len(p.Machines))
+	return p
 }
 
 // parseNodesPlan reads a non-empty list of machines/{uuid} names, no longer
@@ -43,7 +53,7 @@ func (s *Clusters) AddNodes(ctx context.Context, req *clv1.AddNodesRequest) (*lo
 	}
 	return s.run(ctx, request{
 		msg: req, name: req.GetName(), requestID: req.GetRequestId(),
-		verb: VerbAddNodes, event: lifecycle.AddNodeRequested, params: plan,
+		verb: VerbAddNodes, event: lifecycle.AddNodeRequested, paramsFor: plan.withAdded,
 		check: func(ctx context.Context, c repository.Cluster) error { return s.checkAdd(ctx, c, plan) },
 		hold: func(c repository.Cluster) *repository.Hold {
 			return &repository.Hold{WorkerNodeCount: c.Spec.WorkerNodeCount + int32(len(plan.Machines))}

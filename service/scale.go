@@ -21,6 +21,18 @@ type scalePlan struct {
 	Remove      []string                `json:"remove,omitempty"` // machine ids
 	Offering    string                  `json:"offering,omitempty"`
 	Autoscaling *repository.Autoscaling `json:"autoscaling,omitempty"`
+	// Target is the worker count the plan leads to from the cluster's as
+	// claimed (0 when the plan leaves it alone), shown in the operation's
+	// metadata.
+	Target int32 `json:"target,omitempty"`
+}
+
+// withTarget is the plan as stored on the job of a claim of c.
+func (p scalePlan) withTarget(c repository.Cluster) any {
+	if t := p.target(c.Spec.WorkerNodeCount); t != c.Spec.WorkerNodeCount {
+		p.Target = t
+	}
+	return p
 }
 
 // target is the number of workers the plan leads to from current.
@@ -103,7 +115,7 @@ func (s *Clusters) ScaleCluster(ctx context.Context, req *clv1.ScaleClusterReque
 	}
 	return s.run(ctx, request{
 		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
-		verb: VerbScale, params: plan,
+		verb: VerbScale, paramsFor: plan.withTarget,
 		// A new offering is taken by the claim (refused if DISABLED or
 		// gone by then); the offering the cluster has needs nothing.
 		usesFor: func(c repository.Cluster) repository.Uses {

@@ -167,7 +167,7 @@ func (s *Clusters) withNodes(ctx context.Context, cs ...repository.Cluster) ([]*
 	}
 	for _, m := range machines {
 		if c := byID[m.ClusterID]; c != nil {
-			c.Nodes = append(c.Nodes, toNode(m))
+			c.Nodes = append(c.Nodes, toNode(c.DisplayName, m))
 		}
 	}
 	return out, nil

@@ -36,6 +36,16 @@ func (w clusterWatch) keeps(c repository.Cluster) bool {
 	return err == nil && ok
 }
 
+// left reports whether the transition e moved cluster c (as e left it)
+// out of this watch: the watch kept it in e's from-state.
+func (w clusterWatch) left(c repository.Cluster, e *repository.Event) bool {
+	if e == nil || e.From == e.To {
+		return false
+	}
+	c.State = e.From
+	return w.keeps(c)
+}
+
 // WatchClusters streams the changes of the clusters the caller may see
 // (see the proto and the package's resume tokens, watchtoken.go).
 func (s *Clusters) WatchClusters(req *clv1.WatchClustersRequest, stream grpc.ServerStreamingServer[clv1.WatchClustersResponse]) error {
@@ -98,30 +108,47 @@ func (s *Clusters) WatchClusters(req *clv1.WatchClustersRequest, stream grpc.Ser
 			return tok, stream.Send(&clv1.WatchClustersResponse{Kind: clv1.WatchClustersResponse_BOOKMARK, ResumeToken: tok.encode()})
 		}
 		c := it.change
-		send := tok.fresh(c.ID) && it.cluster != nil && w.keeps(*it.cluster)
-		tok = tok.pass(*c, send)
-		if !send {
+		keeps, left := false, false
+		if tok.fresh(c.ID) && it.cluster != nil {
+			keeps = w.keeps(*it.cluster)
+			left = !keeps && w.left(*it.cluster, c.Event)
+		}
+		tok = tok.pass(*c, keeps || left)
+		if !keeps && !left {
 			return tok, nil
 		}
 		sentFloor = tok.Floor
-		return tok, stream.Send(changeMessage(it, tok))
+		msg := changeMessage(it, tok)
+		if left {
+			msg.Kind = clv1.WatchClustersResponse_LEFT_FILTER
+		}
+		return tok, stream.Send(msg)
 	}
 	watcher, tok, err := s.hub.attach(ctx, who.Account, tok, visit)
 	if err != nil {
 		return err
 	}
 	defer s.hub.detach(watcher)
+	return drain(ctx, watcher, tok, visit, watchToken.encode)
+}
+
+// drain feeds the watcher's items to visit until the stream's context
+// ends, the hub ends the watcher or visit fails. A watcher the hub cut off
+// for falling behind ends with a WatchTooSlowError that carries the token
+// resume makes of where it was ("" when it cannot be resumed).
+func drain(ctx context.Context, w *watcher, tok watchToken, visit func(watchItem, watchToken) (watchToken, error), resume func(watchToken) string) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-watcher.done:
+		case <-w.done:
 			var slow *WatchTooSlowError
-			if errors.As(watcher.err, &slow) {
-				return &WatchTooSlowError{Token: tok.encode()}
+			if errors.As(w.err, &slow) {
+				return &WatchTooSlowError{Token: resume(tok)}
 			}
-			return watcher.err
-		case it := <-watcher.items:
+			return w.err
+		case it := <-w.items:
+			var err error
 			if tok, err = visit(it, tok); err != nil {
 				return err
 			}
@@ -309,23 +336,11 @@ func (s *Clusters) WatchOperation(req *clv1.WatchOperationRequest, stream grpc.S
 		return err
 	}
 	defer s.hub.detach(watcher)
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-watcher.done:
-			var slow *WatchTooSlowError
-			if errors.As(watcher.err, &slow) {
-				// Nothing to resume from: the caller watches again.
-				return &WatchTooSlowError{}
-			}
-			return watcher.err
-		case it := <-watcher.items:
-			if tok, err = visit(it, tok); errors.Is(err, errDone) {
-				return nil
-			} else if err != nil {
-				return err
-			}
-		}
+	// Cut off for falling behind, there is nothing to resume from: the
+	// caller watches again.
+	err = drain(ctx, watcher, tok, visit, func(watchToken) string { return "" })
+	if errors.Is(err, errDone) {
+		return nil
 	}
+	return err
 }

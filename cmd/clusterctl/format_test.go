@@ -33,7 +33,7 @@ func TestJSONPath(t *testing.T) {
 		{`{range .items}[{.name}]{end}`, "[clusters/a][clusters/b]"},
 		{"names: {.items[*].displayName}!", "names: web db!"},
 		{"{.nosuch}{.items[5].name}", ""},
-		{"{.items[0].nodes[0]}", `{"joined":false,"kubernetesVersion":"","name":"machines/1","power":"POWER_UNSPECIFIED","role":"ROLE_UNSPECIFIED"}`},
+		{"{.items[0].nodes[0]}", `{"displayName":"","joined":false,"kubernetesVersion":"","name":"machines/1","power":"POWER_UNSPECIFIED","role":"ROLE_UNSPECIFIED"}`},
 	} {
 		var out bytes.Buffer
 		a := &app{stdout: &out, output: "jsonpath=" + tt.tmpl}
@@ -110,7 +110,8 @@ func TestOutputFormats(t *testing.T) {
 		!regexp.MustCompile(`(?m)^web\s.*\s+medium\s+-\s+\S+\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \S+\s+-$`).MatchString(r.stdout) {
 		t.Errorf("list -o wide =\n%s", r.stdout)
 	}
-	if r := ok(t, env, "get", "web", "-o", "wide"); !regexp.MustCompile(`(?m)^NODE\s+ROLE\s+POWER\s+JOINED\s+KUBERNETES\s+OFFERING$`).MatchString(r.stdout) ||
+	if r := ok(t, env, "get", "web", "-o", "wide"); !regexp.MustCompile(`(?m)^NODE\s+MACHINE\s+ROLE\s+POWER\s+JOINED\s+KUBERNETES\s+OFFERING$`).MatchString(r.stdout) ||
+		!regexp.MustCompile(`(?m)^web-worker-[0-9a-f]{8}\s+machines/\S+\s+WORKER\s+RUNNING\s+true\s`).MatchString(r.stdout) ||
 		!regexp.MustCompile(`(?m)^Created:\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \S+ \(\d+s ago\)$`).MatchString(r.stdout) {
 		t.Errorf("get -o wide =\n%s", r.stdout)
 	}

@@ -85,12 +85,12 @@ func (a *app) clusterTable(c *clv1.Cluster, wide bool) error {
 	fmt.Fprintln(a.stdout)
 	w = a.table()
 	if wide {
-		fmt.Fprintln(w, "NODE\tROLE\tPOWER\tJOINED\tKUBERNETES\tOFFERING")
+		fmt.Fprintln(w, "NODE\tMACHINE\tROLE\tPOWER\tJOINED\tKUBERNETES\tOFFERING")
 	} else {
-		fmt.Fprintln(w, "NODE\tROLE\tPOWER\tJOINED\tKUBERNETES")
+		fmt.Fprintln(w, "NODE\tMACHINE\tROLE\tPOWER\tJOINED\tKUBERNETES")
 	}
 	for _, n := range c.GetNodes() {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%t\t%s", n.GetName(), n.GetRole(), n.GetPower(), n.GetJoined(), n.GetKubernetesVersion())
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%t\t%s", dash(n.GetDisplayName()), n.GetName(), n.GetRole(), n.GetPower(), n.GetJoined(), n.GetKubernetesVersion())
 		if wide {
 			offering := c.GetServiceOffering()
 			if n.GetRole() == clv1.Node_CONTROL && c.GetControlOffering() != "" {

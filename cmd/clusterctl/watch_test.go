@@ -18,31 +18,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer a running clusterctl writes while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // background runs clusterctl until stop is called, which cancels it (as
 // Ctrl-C does) and returns its exit code.
 type background struct {
-	stdout, stderr syncBuffer
+	stdout, stderr syncbuf.Buffer
 	cancel         context.CancelFunc
 	code           chan int
 }

@@ -2,7 +2,6 @@ package libvirt_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/clusterd/clusterd/agent"
 	"github.com/clusterd/clusterd/infra/libvirt"
+	"github.com/clusterd/clusterd/internal/syncbuf"
 )
 
 // TestSocketAgentsSpeakTheProtocol: a request is one JSON line on the
@@ -230,7 +230,7 @@ func answer(conn net.Conn, lose func(line int) bool) {
 func TestSocketAgentsTellOfASilentAgent(t *testing.T) {
 	dir := t.TempDir()
 	fakeGuest(t, dir, "m1", func(conn net.Conn) { answer(conn, func(int) bool { return true }) })
-	var logged syncBuffer
+	var logged syncbuf.Buffer
 	a := libvirt.NewSocketAgents(dir)
 	a.Retry, a.FirstRetry, a.SlowAfter = 50*time.Millisecond, 50*time.Millisecond, 200*time.Millisecond
 	a.Log = slog.New(slog.NewTextHandler(&logged, nil))
@@ -245,22 +245,4 @@ func TestSocketAgentsTellOfASilentAgent(t *testing.T) {
 		!strings.Contains(out, libvirt.AgentSocket(dir, "m1")) {
 		t.Errorf("logged %d warnings:\n%s\nwant at least 2 (every SlowAfter in 2s), naming machine m1 and its socket", n, out)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -92,6 +92,38 @@ function duration(ms) {
 
 const idOf = (name) => (name || '').split('/').pop();
 
+// EVENT_LABELS says in words what each history entry means; the entry's
+// own name stays in its title and data-event.
+const EVENT_LABELS = {
+  CLUSTER_CREATED: 'cluster created',
+  START_REQUESTED: 'start requested',
+  STOP_REQUESTED: 'stop requested',
+  DESTROY_REQUESTED: 'delete requested',
+  RECOVERY_REQUESTED: 'recovery started',
+  AUTOSCALE_REQUESTED: 'autoscaler change requested',
+  SCALE_UP_REQUESTED: 'scale up requested',
+  SCALE_DOWN_REQUESTED: 'scale down requested',
+  ADD_NODE_REQUESTED: 'adding nodes requested',
+  REMOVE_NODE_REQUESTED: 'removing nodes requested',
+  UPGRADE_REQUESTED: 'upgrade requested',
+  OPERATION_SUCCEEDED: 'operation succeeded',
+  OPERATION_FAILED: 'operation failed',
+  CREATE_FAILED: 'create failed',
+  FAULTS_DETECTED: 'reconciliation found faults',
+  RECOVERY_STARTED: 'recovery took over an interrupted operation',
+  REPAIR: 'repair',
+  ORPHAN_MACHINE_REMOVED: 'left-over machine removed',
+  OPERATION_ADOPTED: 'operation adopted by a live server',
+  OPERATION_HANDED_OFF: 'operation handed off by a stopping server',
+};
+
+function eventLabel(name) {
+  return EVENT_LABELS[name] || String(name || '').toLowerCase().replace(/_/g, ' ');
+}
+
+// verbLabel is an operation's verb in words (add_nodes: add nodes).
+const verbLabel = (verb) => String(verb || '').replace(/_/g, ' ');
+
 function stateBadge(state) {
   return el('span', { class: 'state ' + state }, state);
 }
@@ -104,7 +136,7 @@ function progress(op, withVerb = true) {
   const total = md.stepsTotal || 0;
   const pct = total > 0 ? Math.min(100, Math.round((100 * done) / total)) : 0;
   return el('div', { class: 'op', 'data-operation': op.name },
-    withVerb ? el('span', { class: 'verb' }, md.verb || 'operation') : null,
+    withVerb ? el('span', { class: 'verb' }, verbLabel(md.verb) || 'operation') : null,
     el('div', { class: 'bar', role: 'progressbar', 'aria-valuemin': 0, 'aria-valuemax': total, 'aria-valuenow': done, title: pct + '%' },
       el('span', { style: 'width:' + pct + '%' })),
     el('span', { class: 'step' }, (md.step || 'starting') + ' · ' + done + '/' + total + ' steps'),
@@ -166,7 +198,8 @@ async function listView() {
       el('td', {}, stateBadge(c.state), c.statusMessage ? el('div', { class: 'muted status' }, c.statusMessage) : ''),
       el('td', {}, c.kubernetesVersion),
       el('td', {}, (c.controlNodeCount || 0) + ' + ' + (c.workerNodeCount || 0),
-        el('div', { class: 'muted' }, up + ' of ' + nodes.length + ' running')),
+        el('div', { class: 'muted' }, up + ' of ' + nodes.length + ' running'),
+        desired(c, ops[c.currentOperation])),
       el('td', { class: 'current' }, op),
       el('td', { class: 'muted' }, when(c.updateTime)));
   });
@@ -179,6 +212,19 @@ async function listView() {
         el('tbody', {}, rows)),
     quota,
   ].flat();
+}
+
+// desired says, while an operation changes how many workers the cluster
+// has, the count it leads to against the worker machines there are now
+// (and how many of them run and have joined); null otherwise.
+function desired(c, op) {
+  const md = (op && !op.done && op.metadata) || {};
+  const target = md.targetWorkerNodeCount || 0;
+  if (!target) return null;
+  const workers = (c.nodes || []).filter((n) => n.role === 'WORKER');
+  const ready = workers.filter((n) => n.power === 'RUNNING' && n.joined).length;
+  return el('div', { class: 'desired', 'data-desired': target, 'data-actual': workers.length, 'data-ready': ready },
+    verbLabel(md.verb) + ' to ' + target + ' workers: ' + workers.length + ' worker machines now, ' + ready + ' running and joined');
 }
 
 // spans groups a cluster's history into who held it: consecutive events of
@@ -230,8 +276,8 @@ function lane(list) {
       const left = (100 * (a - t0)) / range;
       const width = Math.max(0.6, (100 * (b - a)) / range);
       return el('div', { class: 'kind-' + s.verb + (s.running ? ' running' : ''), style: `left:${left}%;width:${width}%`,
-        title: s.verb + ' ' + s.operation + ' ' + clock(s.start) + ' → ' + (s.running ? 'now' : clock(s.end)) },
-      s.verb);
+        title: verbLabel(s.verb) + ' ' + s.operation + ' ' + clock(s.start) + ' → ' + (s.running ? 'now' : clock(s.end)) },
+      verbLabel(s.verb));
     }));
 }
 
@@ -240,11 +286,12 @@ function timeline(list) {
     const end = s.running ? Date.now() : Date.parse(s.end);
     return el('li', { class: 'span kind-' + s.verb, 'data-operation': s.operation, 'data-result': s.result },
       el('div', { class: 'span-head' },
-        el('span', { class: 'verb' }, s.verb),
+        el('span', { class: 'verb', 'data-verb': s.verb }, verbLabel(s.verb)),
         s.result ? el('span', { class: 'result ' + s.result }, s.result) : null,
         s.recovery ? el('span', { class: 'mark recovery' }, 'recovery') : null,
         s.repairs ? el('span', { class: 'mark repair' }, s.repairs === 1 ? '1 repair' : s.repairs + ' repairs') : null,
         s.adoptions ? el('span', { class: 'mark adopted' }, s.adoptions === 1 ? 'adopted' : 'adopted ' + s.adoptions + '×') : null,
+        s.running && end - Date.parse(s.start) > LONG_MS ? el('span', { class: 'mark long', title: 'held the cluster for more than ' + duration(LONG_MS) }, 'held for long') : null,
         el('span', { class: 'holder' }, s.operation ? 'held by ' : 'by the scanner', s.operation ? el('span', { class: 'mono' }, s.operation) : null,
           s.servers.length ? ' on server ' + s.servers.join(', ') : ''),
         el('span', { class: 'muted' }, clock(s.start) + ' → ' + (s.running ? 'now' : clock(s.end)) + ' (' + duration(end - Date.parse(s.start)) + ')')),
@@ -252,7 +299,7 @@ function timeline(list) {
       s.op && s.op.error ? el('div', { class: 'muted' }, 'error: ' + s.op.error.message) : null,
       el('ul', { class: 'events' }, s.events.map((e) => el('li', { class: e.event === 'REPAIR' ? 'repair' : '' },
         el('span', { class: 'mono' }, clock(e.time)), ' ',
-        el('b', {}, e.event), ' ',
+        el('b', { 'data-event': e.event, title: e.event }, eventLabel(e.event)), ' ',
         e.fromState === e.toState ? e.toState : (e.fromState === 'STATE_UNSPECIFIED' ? '' : e.fromState + ' → ') + e.toState,
         e.message ? el('span', { class: 'muted' }, ' — ' + e.message) : null))));
   }));
@@ -356,16 +403,17 @@ async function clusterView(id) {
       card('Name', el('span', { class: 'mono' }, c.name)),
       card('Account', c.account),
       card('Kubernetes', c.kubernetesVersion),
-      card('Size', (c.controlNodeCount || 0) + ' control + ' + (c.workerNodeCount || 0) + ' workers, ' + c.serviceOffering),
+      card('Size', (c.controlNodeCount || 0) + ' control + ' + (c.workerNodeCount || 0) + ' workers, ' + c.serviceOffering,
+        desired(c, current)),
       card('Endpoint', c.endpoint || '—'),
       el('div', { class: 'card wide' }, el('div', { class: 'k' }, 'Current operation'),
         el('div', { class: 'v' }, current ? progress(current) : (c.currentOperation || 'none')))),
     el('h2', {}, 'Nodes'),
     (c.nodes || []).length === 0 ? el('p', { class: 'muted' }, 'No nodes.') :
       el('table', { id: 'nodes' },
-        el('thead', {}, el('tr', {}, ['Machine', 'Role', 'Power', 'Joined', 'Kubernetes'].map((h) => el('th', {}, h)))),
-        el('tbody', {}, c.nodes.map((n) => el('tr', {},
-          el('td', { class: 'mono' }, n.name), el('td', {}, n.role), el('td', {}, n.power),
+        el('thead', {}, el('tr', {}, ['Node', 'Machine', 'Role', 'Power', 'Joined', 'Kubernetes'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, c.nodes.map((n) => el('tr', { 'data-machine': n.name },
+          el('td', { class: 'node-name' }, n.displayName || ''), el('td', { class: 'mono muted' }, n.name), el('td', {}, n.role), el('td', {}, n.power),
           el('td', {}, n.joined ? 'yes' : 'no'), el('td', {}, n.kubernetesVersion))))),
     el('h2', {}, 'Timeline: who held the cluster when'),
     lane(list),
@@ -430,7 +478,7 @@ async function operationsView(filter) {
           const long = r.result === 'running' && now - r.start > LONG_MS;
           const id = idOf(r.md.cluster);
           return el('tr', { 'data-operation': r.op.name, 'data-result': r.result },
-            el('td', {}, el('span', { class: 'verb' }, r.md.verb || 'operation'), el('div', { class: 'mono muted' }, r.op.name)),
+            el('td', {}, el('span', { class: 'verb', 'data-verb': r.md.verb }, verbLabel(r.md.verb) || 'operation'), el('div', { class: 'mono muted' }, r.op.name)),
             el('td', {}, UUID.test(id) ? el('a', { href: '#/clusters/' + id }, r.cluster.displayName || r.md.cluster) : (r.md.cluster || '')),
             el('td', {}, r.account),
             el('td', {}, el('span', { class: 'result ' + r.result }, r.result), long ? el('span', { class: 'mark long' }, 'held for long') : null),

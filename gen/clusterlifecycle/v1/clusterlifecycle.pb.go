@@ -53,6 +53,11 @@ const (
 	// that an idle watch's token does not outlive the feed's retention.
 	// It carries no cluster.
 	WatchClustersResponse_BOOKMARK WatchClustersResponse_Kind = 8
+	// A transition moved the cluster out of the watch's filter (event; the
+	// cluster as the change left it): forget it. A later transition that
+	// brings it back is sent as CHANGED. (A filter on other fields than
+	// state, such as update_time, is not followed out this way.)
+	WatchClustersResponse_LEFT_FILTER WatchClustersResponse_Kind = 9
 )
 
 // Enum value maps for WatchClustersResponse_Kind.
@@ -67,6 +72,7 @@ var (
 		6: "OPERATION_ENDED",
 		7: "DELETED",
 		8: "BOOKMARK",
+		9: "LEFT_FILTER",
 	}
 	WatchClustersResponse_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
@@ -78,6 +84,7 @@ var (
 		"OPERATION_ENDED":  6,
 		"DELETED":          7,
 		"BOOKMARK":         8,
+		"LEFT_FILTER":      9,
 	}
 )
 
@@ -401,7 +408,8 @@ type WatchClustersResponse struct {
 	// operation as the change left them (its other fields as read when the
 	// change was sent).
 	Cluster *Cluster `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
-	// The history entry the change wrote (CREATED, CHANGED, DELETED).
+	// The history entry the change wrote (CREATED, CHANGED, DELETED,
+	// LEFT_FILTER).
 	Event *ClusterEvent `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
 	// Where the operation of the change stands (PROGRESS, OPERATION_ENDED,
 	// and CHANGED when the entry names a running operation).
@@ -915,8 +923,13 @@ type Node struct {
 	Joined bool `protobuf:"varint,4,opt,name=joined,proto3" json:"joined,omitempty"`
 	// The Kubernetes version the node runs.
 	KubernetesVersion string `protobuf:"bytes,5,opt,name=kubernetes_version,json=kubernetesVersion,proto3" json:"kubernetes_version,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// A readable name for the node, as people and Kubernetes name machines:
+	// the cluster's display name, the node's role and the last 8 characters
+	// of its machine id, e.g. `web-1-worker-5f3c21a9`. It does not change
+	// while the machine lives; `name` is what API calls take.
+	DisplayName   string `protobuf:"bytes,6,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -984,6 +997,13 @@ func (x *Node) GetKubernetesVersion() string {
 	return ""
 }
 
+func (x *Node) GetDisplayName() string {
+	if x != nil {
+		return x.DisplayName
+	}
+	return ""
+}
+
 // Metadata of every operation that ClusterLifecycle returns.
 type OperationMetadata struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1012,9 +1032,16 @@ type OperationMetadata struct {
 	// it stopped or died. An adopted operation keeps its name and goes on from
 	// its last recorded step; it fails once it has run --max-operation-attempts
 	// times or its deadline has passed.
-	Attempt       int32 `protobuf:"varint,10,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Attempt int32 `protobuf:"varint,10,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// For a scale that changes how many workers the cluster has (with
+	// worker_node_count or remove_nodes) and for add_nodes: the number of
+	// workers it leads to, as decided when it was accepted. Meanwhile the
+	// cluster's worker_node_count stays the recorded size until the
+	// operation ends, and its nodes are the machines there are. 0 for other
+	// operations.
+	TargetWorkerNodeCount int32 `protobuf:"varint,11,opt,name=target_worker_node_count,json=targetWorkerNodeCount,proto3" json:"target_worker_node_count,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *OperationMetadata) Reset() {
@@ -1113,6 +1140,13 @@ func (x *OperationMetadata) GetEndTime() *timestamppb.Timestamp {
 func (x *OperationMetadata) GetAttempt() int32 {
 	if x != nil {
 		return x.Attempt
+	}
+	return 0
+}
+
+func (x *OperationMetadata) GetTargetWorkerNodeCount() int32 {
+	if x != nil {
+		return x.TargetWorkerNodeCount
 	}
 	return 0
 }
@@ -2200,13 +2234,13 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x06filter\x18\x01 \x01(\tB\x03\xe0A\x01R\x06filter\x12A\n" +
 	"\x04name\x18\x02 \x01(\tB-\xe0A\x01\xfaA'\n" +
 	"%clusterlifecycle.clusterd.dev/ClusterR\x04name\x12&\n" +
-	"\fresume_token\x18\x03 \x01(\tB\x03\xe0A\x01R\vresumeToken\"\xc5\x03\n" +
+	"\fresume_token\x18\x03 \x01(\tB\x03\xe0A\x01R\vresumeToken\"\xd6\x03\n" +
 	"\x15WatchClustersResponse\x12C\n" +
 	"\x04kind\x18\x01 \x01(\x0e2/.clusterlifecycle.v1.WatchClustersResponse.KindR\x04kind\x126\n" +
 	"\acluster\x18\x02 \x01(\v2\x1c.clusterlifecycle.v1.ClusterR\acluster\x127\n" +
 	"\x05event\x18\x03 \x01(\v2!.clusterlifecycle.v1.ClusterEventR\x05event\x12B\n" +
 	"\bprogress\x18\x04 \x01(\v2&.clusterlifecycle.v1.OperationProgressR\bprogress\x12!\n" +
-	"\fresume_token\x18\x05 \x01(\tR\vresumeToken\"\x8e\x01\n" +
+	"\fresume_token\x18\x05 \x01(\tR\vresumeToken\"\x9f\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bEXISTING\x10\x01\x12\n" +
@@ -2217,7 +2251,8 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\bPROGRESS\x10\x05\x12\x13\n" +
 	"\x0fOPERATION_ENDED\x10\x06\x12\v\n" +
 	"\aDELETED\x10\a\x12\f\n" +
-	"\bBOOKMARK\x10\b\"\xad\x01\n" +
+	"\bBOOKMARK\x10\b\x12\x0f\n" +
+	"\vLEFT_FILTER\x10\t\"\xad\x01\n" +
 	"\x11OperationProgress\x12\x1c\n" +
 	"\toperation\x18\x01 \x01(\tR\toperation\x12\x12\n" +
 	"\x04verb\x18\x02 \x01(\tR\x04verb\x12\x12\n" +
@@ -2279,13 +2314,14 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\vAutoscaling\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x19\n" +
 	"\bmin_size\x18\x02 \x01(\x05R\aminSize\x12\x19\n" +
-	"\bmax_size\x18\x03 \x01(\x05R\amaxSize\"\xcb\x02\n" +
+	"\bmax_size\x18\x03 \x01(\x05R\amaxSize\"\xf3\x02\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x1e.clusterlifecycle.v1.Node.RoleR\x04role\x125\n" +
 	"\x05power\x18\x03 \x01(\x0e2\x1f.clusterlifecycle.v1.Node.PowerR\x05power\x12\x16\n" +
 	"\x06joined\x18\x04 \x01(\bR\x06joined\x12-\n" +
-	"\x12kubernetes_version\x18\x05 \x01(\tR\x11kubernetesVersion\"C\n" +
+	"\x12kubernetes_version\x18\x05 \x01(\tR\x11kubernetesVersion\x12&\n" +
+	"\fdisplay_name\x18\x06 \x01(\tB\x03\xe0A\x03R\vdisplayName\"C\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCONTROL\x10\x01\x12\n" +
@@ -2295,7 +2331,7 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x05Power\x12\x15\n" +
 	"\x11POWER_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aRUNNING\x10\x01\x12\v\n" +
-	"\aSTOPPED\x10\x02\"\xf2\x02\n" +
+	"\aSTOPPED\x10\x02\"\xab\x03\n" +
 	"\x11OperationMetadata\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
 	"\x04verb\x18\x02 \x01(\tR\x04verb\x12\x16\n" +
@@ -2310,7 +2346,8 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"createTime\x125\n" +
 	"\bend_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x18\n" +
 	"\aattempt\x18\n" +
-	" \x01(\x05R\aattempt\"w\n" +
+	" \x01(\x05R\aattempt\x127\n" +
+	"\x18target_worker_node_count\x18\v \x01(\x05R\x15targetWorkerNodeCount\"w\n" +
 	"\x14CreateClusterRequest\x12;\n" +
 	"\acluster\x18\x01 \x01(\v2\x1c.clusterlifecycle.v1.ClusterB\x03\xe0A\x02R\acluster\x12\"\n" +
 	"\n" +
