@@ -46,11 +46,28 @@ func TestRealVMFencing(t *testing.T) {
 			if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatalf("SIGSTOP vm-a: %v", err)
 			}
-			op, cluster, step = name, md.GetCluster(), md.GetStep()
-			break
+			// vm-a ran on between the poll and the signal: where it
+			// stopped is the step it recorded last (a step is recorded
+			// before it runs, so one recorded at attach_iso has not
+			// dialled an agent yet).
+			ctx, cancel := rpcCtx()
+			now, err := b.ops.GetOperation(ctx, &longrunningpb.GetOperationRequest{Name: name})
+			cancel()
+			if err != nil {
+				t.Fatalf("GetOperation %s through vm-b: %v", name, err)
+			}
+			if at := metadata(t, now).GetStep(); libvirtSteps[at] || at == "attach_iso" {
+				op, cluster, step = name, md.GetCluster(), at
+				break
+			}
+			md = metadata(t, now)
+			if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Fatalf("SIGCONT vm-a: %v", err)
+			}
 		}
-		// The first poll came too late (a loaded machine): start over.
-		t.Logf("try %d: the create was first seen at %s, past the libvirt steps; deleting it and trying again", try, md.GetStep())
+		// The first poll came too late (a loaded machine), or vm-a ran on
+		// past the libvirt steps before the signal: start over.
+		t.Logf("try %d: the create was at %s, past the libvirt steps, when vm-a was stopped; deleting it and trying again", try, md.GetStep())
 		a.vmSucceed(t, "create fence (missed)", &longrunningpb.Operation{Name: name}, nil)
 		ctx, cancel = rpcCtx()
 		resp, err = a.clusters.DeleteCluster(ctx, &clv1.DeleteClusterRequest{Name: md.GetCluster()})

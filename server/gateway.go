@@ -148,14 +148,28 @@ func answeredHeader(key string) (string, bool) {
 	return runtime.MetadataHeaderPrefix + key, true
 }
 
-// guard checks what the gateway would otherwise pass on blindly (see
+// guard refuses cross-site browser requests that change anything, and
+// checks what the gateway would otherwise pass on blindly (see
 // checkRequest: header size, encoded colons, UTF-8, headers gRPC metadata
 // cannot carry), a body within maxRESTBody (413 beyond) and declared as
 // JSON (415 otherwise), and the client certificate the TLS listener
 // verified, forwarded under verifiedClientHeader in place of anything the
 // client sent there.
 func guard(mux *runtime.ServeMux) http.Handler {
+	// A state-changing request a browser sent from another site is refused
+	// (Sec-Fetch-Site, or an Origin other than the request's host): a page
+	// elsewhere could otherwise make a browser stop or start clusters
+	// through a server in development mode (no credentials) or with client
+	// certificates (which browsers attach by themselves). Clients that are
+	// not browsers send neither header; the web view is same-origin.
+	crossOrigin := http.NewCrossOriginProtection()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := crossOrigin.Check(r); err != nil {
+			writeError(mux, w, r, http.StatusForbidden, service.StatusWithReason(codes.PermissionDenied,
+				fmt.Sprintf("%s %s came from another site (%v); call the API from its own origin or from a program", service.Clip(r.Method), service.Clip(r.URL.Path), err),
+				service.ReasonCrossOrigin).Err())
+			return
+		}
 		if code, err := checkRequest(r); err != nil {
 			writeError(mux, w, r, code, err)
 			return

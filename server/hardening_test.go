@@ -332,3 +332,43 @@ func bareConn(t *testing.T, h *harness) *grpc.ClientConn {
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
 }
+
+// A browser's request that changes something, sent from a page of another
+// site, is refused 403 (CROSS_ORIGIN_REQUEST) and changes nothing: in
+// development mode such a page could otherwise stop a cluster with an
+// empty POST. Reads, same-origin calls and programs (no Origin or
+// Sec-Fetch-Site) are served.
+func TestHardening_CrossSiteRequests(t *testing.T) {
+	h := start(t, repotest.Backends(t)[0])
+	c := h.create(t, "web", 1)
+	stop := "/v1/" + c.GetName() + ":stop"
+	for _, headers := range [][]string{
+		{"Sec-Fetch-Site", "cross-site"},
+		{"Sec-Fetch-Site", "same-site"},
+		{"Origin", "http://attacker.example"},
+	} {
+		code, body, _ := restCall(t, h, http.MethodPost, stop, nil, headers...)
+		reason := ""
+		if details, _ := body["details"].([]any); len(details) > 0 {
+			reason, _ = details[0].(map[string]any)["reason"].(string)
+		}
+		if code != http.StatusForbidden || reason != service.ReasonCrossOrigin {
+			t.Errorf("POST %s with %s: %d %v; want 403 %s", stop, headers, code, body, service.ReasonCrossOrigin)
+		}
+	}
+	if got := fxGet(t, h, c.GetName()); got.GetState() != clv1.Cluster_RUNNING || got.GetCurrentOperation() != "" {
+		t.Fatalf("after the refused cross-site stops: %s held by %q; want RUNNING, untouched", got.GetState(), got.GetCurrentOperation())
+	}
+	if code, body, _ := restCall(t, h, http.MethodGet, "/v1/"+c.GetName(), nil, "Sec-Fetch-Site", "cross-site"); code != http.StatusOK {
+		t.Errorf("a cross-site GET: %d %v; want 200 (reads change nothing)", code, body)
+	}
+	code, body, _ := restCall(t, h, http.MethodPost, stop, nil, "Sec-Fetch-Site", "same-origin", "Origin", h.base)
+	if code != http.StatusOK {
+		t.Fatalf("a same-origin stop: %d %v; want 200", code, body)
+	}
+	name, _ := body["name"].(string)
+	h.wait(t, &longrunningpb.Operation{Name: name})
+	if code, body, _ := restCall(t, h, http.MethodPost, "/v1/"+c.GetName()+":start", nil); code != http.StatusOK {
+		t.Errorf("a program's start (no Origin, no Sec-Fetch-Site): %d %v; want 200", code, body)
+	}
+}

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/url"
@@ -229,10 +228,7 @@ func waitLog(t *testing.T, logs *logBuffer, msg string) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
-		logs.mu.Lock()
-		seen := bytes.Contains(logs.buf.Bytes(), []byte(`"msg":"`+msg+`"`))
-		logs.mu.Unlock()
-		if seen {
+		if strings.Contains(logs.String(), `"msg":"`+msg+`"`) {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

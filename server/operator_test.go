@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/internal/syncbuf"
 	"github.com/clusterd/clusterd/repository/repotest"
 	"github.com/clusterd/clusterd/service"
 )
@@ -212,24 +212,13 @@ func TestMetricsNeedAnAdmin(t *testing.T) {
 }
 
 // logBuffer collects a server's JSON log lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type logBuffer struct{ syncbuf.Buffer }
 
 // lines returns the log lines whose request_id is id.
 func (l *logBuffer) lines(t *testing.T, id string) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, raw := range bytes.Split(l.buf.Bytes(), []byte("\n")) {
+	for _, raw := range bytes.Split([]byte(l.String()), []byte("\n")) {
 		if len(raw) == 0 {
 			continue
 		}

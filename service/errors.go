@@ -59,6 +59,9 @@ const (
 	// ReasonUnsupportedMediaType: a REST body sent as anything but JSON
 	// (HTTP 415).
 	ReasonUnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE"
+	// ReasonCrossOrigin: a browser sent a REST call that changes something
+	// from a page of another site (HTTP 403).
+	ReasonCrossOrigin = "CROSS_ORIGIN_REQUEST"
 	// ReasonCatalogEntryUnusable: a create, upgrade or scale needs a
 	// Kubernetes version or service offering that does not exist or is
 	// DISABLED (FAILED_PRECONDITION; metadata "resource").

@@ -1,37 +1,22 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/creack/pty"
+
+	"github.com/clusterd/clusterd/internal/syncbuf"
 )
 
 // terminal is what a pseudo-terminal has shown so far.
-type terminal struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *terminal) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *terminal) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
+type terminal struct{ syncbuf.Buffer }
 
 // waitFor polls (bounded) until the screen matches.
 func (s *terminal) waitFor(t *testing.T, re *regexp.Regexp) string {

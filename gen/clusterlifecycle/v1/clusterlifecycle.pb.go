@@ -2465,7 +2465,7 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x11ListClusterEvents\x12-.clusterlifecycle.v1.ListClusterEventsRequest\x1a..clusterlifecycle.v1.ListClusterEventsResponse\"/\xdaA\x06parent\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{parent=clusters/*}/events\x12\x8c\x01\n" +
 	"\rGetKubeconfig\x12).clusterlifecycle.v1.GetKubeconfigRequest\x1a\x1f.clusterlifecycle.v1.Kubeconfig\"/\xdaA\x04name\x82\xd3\xe4\x93\x02\"\x12 /v1/{name=clusters/*}:kubeconfig\x12\x84\x01\n" +
 	"\rWatchClusters\x12).clusterlifecycle.v1.WatchClustersRequest\x1a*.clusterlifecycle.v1.WatchClustersResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/clusters:watch0\x01\x12\x8b\x01\n" +
-	"\x0eWatchOperation\x12*.clusterlifecycle.v1.WatchOperationRequest\x1a\x1d.google.longrunning.Operation\",\xdaA\x04name\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/{name=operations/*}:watch0\x01B\xd7\x1d\x92A\xcf\x1c\x12\x8a\x04\n" +
+	"\x0eWatchOperation\x12*.clusterlifecycle.v1.WatchOperationRequest\x1a\x1d.google.longrunning.Operation\",\xdaA\x04name\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/{name=operations/*}:watch0\x01B\x94\x1f\x92A\x8c\x1e\x12\x8a\x04\n" +
 	"\fclusterd API\x12\xf5\x03clusterd runs the lifecycle of Kubernetes clusters. Mutations return a google.longrunning.Operation at once: follow it with GET /v1/operations/{id} or POST /v1/operations/{id}:wait until `done`; its `metadata` is an OperationMetadata (step and progress) and its `response` the Cluster. Errors are google.rpc.Status values whose `details` carry a google.rpc.ErrorInfo (domain clusterd.dev, stable `reason` such as OPERATION_IN_PROGRESS) and, for invalid input, a google.rpc.BadRequest naming the field.2\x02v1*\x02\x01\x022\x10application/json:\x10application/jsonR\xad\x05\n" +
 	"\x03400\x12\xa5\x05\n" +
 	"\xd7\x01The request is invalid: a field's value (INVALID_ARGUMENT, with a google.rpc.BadRequest naming each field), or the cluster is not in a state the operation starts from (FAILED_PRECONDITION, INVALID_STATE_TRANSITION).\x12\x16\n" +
@@ -2473,9 +2473,9 @@ const file_clusterlifecycle_v1_clusterlifecycle_proto_rawDesc = "" +
 	"\x10application/json\x12\x9b\x03{\"code\": 3, \"message\": \"invalid argument: cluster.worker_node_count: must be at least 1, got 0\", \"details\": [{\"@type\": \"type.googleapis.com/google.rpc.ErrorInfo\", \"reason\": \"INVALID_ARGUMENT\", \"domain\": \"clusterd.dev\", \"metadata\": {}}, {\"@type\": \"type.googleapis.com/google.rpc.BadRequest\", \"fieldViolations\": [{\"field\": \"cluster.worker_node_count\", \"description\": \"must be at least 1, got 0\", \"reason\": \"\"}]}]}R\xa3\x02\n" +
 	"\x03401\x12\x9b\x02\n" +
 	"\x80\x02No credentials (UNAUTHENTICATED, CREDENTIALS_MISSING), credentials clusterd does not know (CREDENTIALS_INVALID), or credentials revoked by a reload while the call was open (CREDENTIALS_REVOKED); the answer carries WWW-Authenticate: Bearer realm=\"clusterd\".\x12\x16\n" +
-	"\x14\x1a\x12.google.rpc.StatusR\xce\x01\n" +
-	"\x03403\x12\xc6\x01\n" +
-	"\xab\x01The caller may not call this route (PERMISSION_DENIED, ADMIN_REQUIRED): the Simulator routes are for admins only. Another account's cluster or operation is 404, never 403.\x12\x16\n" +
+	"\x14\x1a\x12.google.rpc.StatusR\x8b\x03\n" +
+	"\x03403\x12\x83\x03\n" +
+	"\xe8\x02The caller may not call this route (PERMISSION_DENIED, ADMIN_REQUIRED): the Simulator routes are for admins only. Another account's cluster or operation is 404, never 403. A browser's request that changes something, sent from a page of another site (Sec-Fetch-Site, or an Origin other than the server), is refused too (PERMISSION_DENIED, CROSS_ORIGIN_REQUEST).\x12\x16\n" +
 	"\x14\x1a\x12.google.rpc.StatusR\x88\x01\n" +
 	"\x03404\x12\x80\x01\n" +
 	"fThe cluster or operation does not exist, or belongs to another account (NOT_FOUND, metadata resource).\x12\x16\n" +
