@@ -15,6 +15,18 @@ cleanup() {
 			bash scripts/galera.sh destroy >/dev/null 2>&1 || true
 		fi
 	fi
+	# A test binary that go test's -timeout ended (a panic) ran no
+	# t.Cleanup, so the private Galera clusters of its e2e tests
+	# (/tmp/clusterd-galera-<test>-<pid>) outlive it. Those of a process
+	# that is gone are destroyed here; another run's live ones are left.
+	local d pid
+	for d in /tmp/clusterd-galera-*-[0-9]*; do
+		[ -d "$d" ] || continue
+		pid="${d##*-}"
+		[[ "$pid" =~ ^[0-9]+$ ]] || continue
+		kill -0 "$pid" 2>/dev/null && continue
+		GALERA_DIR="$d" bash scripts/galera.sh destroy >/dev/null 2>&1 || true
+	done
 }
 trap cleanup EXIT
 
