@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/clusterd/clusterd/auth"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
@@ -46,14 +47,20 @@ func (w clusterWatch) left(c repository.Cluster, e *repository.Event) bool {
 	return w.keeps(c)
 }
 
+// watchCaller is who opens a watch: refused when this server has no hub
+// (errNoHub) or the call no identity.
+func (s *Clusters) watchCaller(ctx context.Context) (auth.Identity, error) {
+	if s.hub == nil {
+		return auth.Identity{}, errNoHub
+	}
+	return caller(ctx)
+}
+
 // WatchClusters streams the changes of the clusters the caller may see
 // (see the proto and the package's resume tokens, watchtoken.go).
 func (s *Clusters) WatchClusters(req *clv1.WatchClustersRequest, stream grpc.ServerStreamingServer[clv1.WatchClustersResponse]) error {
 	ctx := stream.Context()
-	if s.hub == nil {
-		return errNoHub
-	}
-	who, err := caller(ctx)
+	who, err := s.watchCaller(ctx)
 	if err != nil {
 		return err
 	}
@@ -246,10 +253,7 @@ func changeMessage(it watchItem, tok watchToken) *clv1.WatchClustersResponse {
 // WatchOperation streams an operation until it is done (see the proto).
 func (s *Clusters) WatchOperation(req *clv1.WatchOperationRequest, stream grpc.ServerStreamingServer[longrunningpb.Operation]) error {
 	ctx := stream.Context()
-	if s.hub == nil {
-		return errNoHub
-	}
-	who, err := caller(ctx)
+	who, err := s.watchCaller(ctx)
 	if err != nil {
 		return err
 	}
