@@ -19,7 +19,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/clusterd/clusterd/version.version=$(VERSION) -X github.com/clusterd/clusterd/version.commit=$(COMMIT)
 
-.PHONY: all tools generate check-generated lint build run test fuzz screenshots chaos chaos-galera mariadb chromium libvirt openapi-validator bench bench-vms clean clients node-image node-image-or-skip
+.PHONY: all tools generate check-generated lint build run test fuzz screenshots chaos chaos-galera mariadb chromium libvirt openapi-validator bench bench-vms clean clients node-image node-image-or-skip docker docker-or-skip image
 
 all: lint build test
 
@@ -111,12 +111,27 @@ node-image:
 ## web view in headless Chromium, clusterctl in a pseudo-terminal among
 ## them), then a short run of every fuzz target, then the example clients
 ## against bin/clusterd.
-test: mariadb chromium libvirt openapi-validator node-image-or-skip
+test: mariadb chromium libvirt openapi-validator node-image-or-skip docker-or-skip
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/test.sh $(GO_PACKAGES)
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  bash scripts/fuzz.sh
 	$(MAKE) --no-print-directory clients
+
+## docker: make sure a Docker engine answers (installs Debian's docker.io and
+## starts dockerd --bridge=none --iptables=false when needed).
+docker:
+	@bash scripts/docker-setup.sh
+
+## docker-or-skip: make docker for make test, which goes on without it (the
+## image tests then skip, or fail under CI).
+docker-or-skip:
+	@bash scripts/docker-setup.sh || echo "make test: no Docker engine; TestImage will be skipped (or fail under CI)" >&2
+
+## image: build the container image clusterd:$(VERSION), also tagged
+## clusterd:latest (deploy/Dockerfile: static binary on scratch, non-root).
+image: docker
+	VERSION=$(VERSION) COMMIT=$(COMMIT) bash scripts/image.sh clusterd:$(VERSION) clusterd:latest
 
 ## node-image-or-skip: make node-image for make test, which goes on without
 ## it (the agent's QEMU boot test then skips, or fails under CI).

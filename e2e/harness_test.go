@@ -172,19 +172,28 @@ func spawnAt(t *testing.T, id string, args []string, grpcAddr, httpAddr, logPath
 			t.Logf("log of clusterd %s (%s, started %s):\n%s", id, strings.Join(args, " "), s.started.Format("15:04:05.000"), readLog(logPath))
 		}
 	})
+	if err := s.dial(grpcAddr); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// dial connects the server's gRPC clients to grpcAddr.
+func (s *server) dial(grpcAddr string) error {
 	// A short reconnect backoff: the client is made before the server
 	// listens, and gRPC's default (1s) would add a second to every measured
 	// restart.
 	backoffCfg := backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}
-	s.conn, err = grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoffCfg, MinConnectTimeout: time.Second}))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	s.clusters = clv1.NewClusterLifecycleClient(s.conn)
-	s.sim = clv1.NewSimulatorClient(s.conn)
-	s.ops = longrunningpb.NewOperationsClient(s.conn)
-	return s, nil
+	s.conn = conn
+	s.clusters = clv1.NewClusterLifecycleClient(conn)
+	s.sim = clv1.NewSimulatorClient(conn)
+	s.ops = longrunningpb.NewOperationsClient(conn)
+	return nil
 }
 
 // waitServing waits until the process's health check answers SERVING; it

@@ -27,6 +27,23 @@ cleanup() {
 		kill -0 "$pid" 2>/dev/null && continue
 		GALERA_DIR="$d" bash scripts/galera.sh destroy >/dev/null 2>&1 || true
 	done
+	# The same for TestImage's containers (clusterd-test-<pid>-<n>, with
+	# their volumes) and images (clusterd-test:<pid>-<n>).
+	if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+		local name
+		for name in $(docker ps -a --format '{{.Names}}' | grep '^clusterd-test-[0-9]*-'); do
+			pid="${name#clusterd-test-}"; pid="${pid%%-*}"
+			kill -0 "$pid" 2>/dev/null || docker rm -f -v "$name" >/dev/null 2>&1 || true
+		done
+		for name in $(docker volume ls -q | grep '^clusterd-test-[0-9]*-'); do
+			pid="${name#clusterd-test-}"; pid="${pid%%-*}"
+			kill -0 "$pid" 2>/dev/null || docker volume rm -f "$name" >/dev/null 2>&1 || true
+		done
+		for name in $(docker images --format '{{.Repository}}:{{.Tag}}' | grep '^clusterd-test:[0-9]*-'); do
+			pid="${name#clusterd-test:}"; pid="${pid%%-*}"
+			kill -0 "$pid" 2>/dev/null || docker rmi -f "$name" >/dev/null 2>&1 || true
+		done
+	fi
 }
 trap cleanup EXIT
 

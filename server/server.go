@@ -324,6 +324,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	s.setHealth(healthpb.HealthCheckResponse_SERVING) // the database answered and the lease is held
+	s.health.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
 	reflection.Register(s.grpc)
 	s.metrics.grpc.InitializeMetrics(s.grpc)
 	s.metrics.watch(s.store, s.scanner, s.quotas, s.log)
@@ -469,6 +470,15 @@ func (s *Server) watchHealth(ctx context.Context) {
 		log:      s.log,
 	}.run(ctx)
 }
+
+// LivenessService is the health service name an orchestrator's liveness
+// probe asks for. It answers SERVING from the moment the server serves until
+// it shuts down, whatever the database does: a server rides out a database
+// outage (its operations wait and go on), so restarting it for one would only
+// add a restart to the outage. Readiness asks for "" (or a service's name),
+// which turns NOT_SERVING while the database is unavailable and takes the
+// replica out of rotation.
+const LivenessService = "liveness"
 
 // setHealth sets the status of the whole server and of each service it
 // registers: clients ask for either.

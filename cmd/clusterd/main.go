@@ -46,6 +46,9 @@ func run(args []string, getenv func(string) string, stderr io.Writer) error {
 		defer stop()
 		return rotateSecrets(ctx, args[1:], getenv, os.Stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "health" {
+		return healthCheck(args[1:], getenv, os.Stdout, stderr)
+	}
 	cfg, _, err := parse(args, getenv, stderr)
 	if err != nil {
 		return err
@@ -139,7 +142,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "file of the keys that encrypt the clusters' CA and admin keys in the database, mode 0600: lines `<key id> <base64 of 32 bytes>`, the first one current (required with identities; development mode makes <sqlite file>.secrets-key)")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "PEM CA bundle: verify client certificates (mutual TLS); a certificate's CN is its account, OU=clusterd-admin makes it an admin")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: clusterd [flags]\n       clusterd rotate-secrets --secrets-key-file F --database D\n\nEvery flag can also be set as CLUSTERD_<FLAG> (e.g. CLUSTERD_GRPC_ADDR).")
+		fmt.Fprintln(stderr, "usage: clusterd [flags]\n       clusterd rotate-secrets --secrets-key-file F --database D\n       clusterd health [--grpc-addr A] [--service liveness]\n\nEvery flag can also be set as CLUSTERD_<FLAG> (e.g. CLUSTERD_GRPC_ADDR).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
