@@ -106,6 +106,10 @@ type Config struct {
 	Reload <-chan os.Signal
 	// DebugAddr, when set, serves net/http/pprof there (see listenDebug).
 	DebugAddr string
+	// HealthAddr, when set, serves the gRPC health service alone there, in
+	// plaintext (see listenHealth): for an orchestrator's gRPC probes,
+	// which speak neither TLS nor tokens.
+	HealthAddr string
 	// OnOwnerLoss is what becomes of a running operation whose server stops
 	// or dies (SPEC §5): OnOwnerLossResume (the default) hands it off on a
 	// graceful stop and lets a live server adopt it and run it on;
@@ -171,6 +175,7 @@ type Server struct {
 	gatewayLis gatewayListener
 	metrics    *metrics
 	debugLis   net.Listener
+	healthLis  net.Listener
 	// bg is what Serve started besides the listeners (nil before Serve).
 	bg *background
 }
@@ -342,6 +347,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cleanup()
 		return nil, err
 	}
+	if err := s.listenHealth(); err != nil {
+		_ = s.grpcLis.Close()
+		_ = s.httpLis.Close()
+		if s.debugLis != nil {
+			_ = s.debugLis.Close()
+		}
+		cleanup()
+		return nil, err
+	}
 	s.log.Info("clusterd ready", "server_id", cfg.ServerID, "incarnation", s.self.Incarnation, "on_owner_loss", cfg.OnOwnerLoss,
 		"database", string(s.store.Backend()), "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "infra", cfg.Infra,
 		"identities", s.identities(), "tls", s.certs != nil)
@@ -407,7 +421,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.startBackground()
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
-	wg.Add(5)
+	wg.Add(6)
 	go func() {
 		defer wg.Done()
 		if err := s.grpc.Serve(s.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -444,6 +458,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		s.serveDebug(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		s.serveHealth(ctx)
 	}()
 
 	var serveErr error

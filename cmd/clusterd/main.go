@@ -134,6 +134,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.IntVar(&cfg.MaxOperationAttempts, "max-operation-attempts", 3, "with --on-owner-loss=resume, an operation that has run this many times fails when its server is lost again")
 	fs.TextVar(&level, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	logFormat := fs.String("log-format", "text", "log format: text (key=value) or json (one object a line)")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "also serve the gRPC health service alone on this address, in plaintext and without identities (for Kubernetes' gRPC probes, which speak neither TLS nor tokens; off by default)")
 	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "serve net/http/pprof on this address (off by default; loopback only unless identities are configured, and then for admins only)")
 	showVersion := fs.Bool("version", false, "print the version, commit and Go version, and exit")
 	fs.StringVar(&cfg.AuthTokens, "auth-tokens", "", "file of identities, one a line: sha256:<hex of the token's SHA-256> <account> <user|admin> (re-read on SIGHUP)")
