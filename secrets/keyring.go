@@ -34,6 +34,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -184,15 +185,20 @@ func ParseKeyFile(data []byte) (*Keyring, error) {
 	return NewKeyring(keys...)
 }
 
-// LoadKeyFile reads the key file at path, refusing one that group or others
-// may read or write.
+// LoadKeyFile reads the key file at path, refusing one that others may read
+// or write, or that a group other than the server's own may (see
+// keyFileMode).
 func LoadKeyFile(path string) (*Keyring, error) {
 	info, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("secrets key file: %w", err)
 	}
-	if perm := info.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("secrets key file %s: mode %04o lets group or others at the keys; chmod 600 it", path, perm)
+	fileGID := -1
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		fileGID = int(st.Gid)
+	}
+	if err := keyFileMode(info.Mode().Perm(), fileGID, os.Getegid()); err != nil {
+		return nil, fmt.Errorf("secrets key file %s: %w", path, err)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -281,4 +287,20 @@ func Ephemeral() *Keyring {
 		panic(err)
 	}
 	return k
+}
+
+// keyFileMode accepts a key file's permissions: no bits for others, and
+// group bits only when the file's group is the server's own effective group
+// and not root's. The group case is how Kubernetes mounts a Secret for a
+// non-root pod (fsGroup: the file is root-owned, group-readable by the pod's
+// group), and a dedicated group reaches no one else; any other group, or an
+// unknown one (fileGID < 0), could.
+func keyFileMode(perm os.FileMode, fileGID, ownGID int) error {
+	switch {
+	case perm&0o007 != 0:
+		return fmt.Errorf("mode %04o lets others at the keys; chmod 600 it", perm)
+	case perm&0o070 != 0 && (fileGID < 0 || fileGID != ownGID || fileGID == 0):
+		return fmt.Errorf("mode %04o lets group or others at the keys (group %d is not this server's own); chmod 600 it", perm, fileGID)
+	}
+	return nil
 }

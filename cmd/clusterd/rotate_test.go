@@ -66,7 +66,7 @@ func TestRotateSecretsCommand(t *testing.T) {
 	if err := os.Chmod(keys, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := rotateSecrets(ctx, []string{"--secrets-key-file", keys}, env, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "group or others") {
+	if err := rotateSecrets(ctx, []string{"--secrets-key-file", keys}, env, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "others at the keys") {
 		t.Errorf("a world-readable key file: %v; want a refusal", err)
 	}
 }
