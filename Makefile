@@ -13,9 +13,10 @@ GRPCURL_VERSION        := v1.9.4
 GO_PACKAGES := ./...
 
 # The version and commit that `clusterd --version` and `clusterctl --version`
-# print (package version; without them the binaries fall back to Go's build
-# information).
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+# print and the image is labelled with (package version; without them the
+# binaries fall back to Go's build information): git describe against the
+# releases of CHANGELOG.md (scripts/release.sh).
+VERSION ?= $(shell bash scripts/release.sh version 2>/dev/null || echo devel)
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/clusterd/clusterd/version.version=$(VERSION) -X github.com/clusterd/clusterd/version.commit=$(COMMIT)
 
@@ -59,9 +60,12 @@ check-generated: generate
 	@if [ -n "$$(git status --porcelain --untracked-files=all -- gen)" ]; then \
 	  git status --porcelain -- gen; echo "gen/ has files not committed: run 'make generate' and commit them" >&2; exit 1; fi
 
-## lint: buf lint, gofmt, go vet.
+## lint: buf lint, buf breaking against the last release (CHANGELOG.md),
+## gofmt, go vet.
 lint: tools
 	buf lint
+	@prev=$$(bash scripts/release.sh previous) || { [ -z "$${CI:-}" ] || exit 1; prev=""; echo "lint: no previous release in this clone; buf breaking skipped" >&2; }; \
+	  if [ -n "$$prev" ]; then echo "buf breaking --against .git#ref=$$prev"; buf breaking --against ".git#ref=$$prev"; fi
 	@bad=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' | grep -v '^gen/')); \
 	  if [ -n "$$bad" ]; then echo "gofmt needed:" $$bad >&2; exit 1; fi
 	go vet $(GO_PACKAGES)

@@ -168,6 +168,10 @@ type chaosConfig struct {
 	// rolling replaces the kills, the SIGSTOP and the MariaDB restart with a
 	// rolling restart: SIGTERM one process, start it again, every killEvery.
 	rolling bool
+	// previous, when set, is the clusterd binary of the previous release:
+	// each slot's first process runs it, and the rolling restart starts
+	// the current binary in its place (a rolling upgrade).
+	previous string
 }
 
 // chaos is one soak: the database, the processes, what the clients and the
@@ -211,6 +215,9 @@ type chaos struct {
 	// failures counts the messages of operations that failed other than
 	// by a kill or a stop (the database restart, a lost lease, fencing).
 	failures map[string]int
+	// previousHeld are the jobs previous-release processes were running
+	// when they were sent SIGTERM (a rolling upgrade), with their attempts.
+	previousHeld map[string]runningJob
 }
 
 // window is a span of time during which a server was disturbed.
@@ -233,6 +240,10 @@ type slot struct {
 	cur                *server
 	launches           int
 	stopped            bool // SIGSTOPped now
+	// previous says the process runs the previous release's binary;
+	// currentSince is when the slot's first current process started.
+	previous     bool
+	currentSince time.Time
 }
 
 // recoveryTime is how long the operations a killed, stopped or restarted
@@ -247,7 +258,7 @@ type recoveryTime struct {
 
 func newChaos(t *testing.T, cfg chaosConfig) *chaos {
 	c := &chaos{t: t, cfg: cfg, accepted: map[string]string{}, refused: map[string]int{}, figures: map[string]int{}, failures: map[string]int{},
-		disturbed: map[string][]window{}}
+		disturbed: map[string][]window{}, previousHeld: map[string]runningJob{}}
 	if cfg.galera {
 		c.db = newChaosGalera(t)
 	} else {
@@ -285,7 +296,12 @@ func (c *chaos) launch(s *slot) {
 	s.launches++
 	log := filepath.Join(c.t.TempDir(), fmt.Sprintf("clusterd-%d-%d.log", s.i, s.launches))
 	args := append([]string{"--database", c.db.dsnFor(s.i), "--on-owner-loss", c.cfg.onOwnerLoss}, c.cfg.flags...)
-	srv, err := spawnAt(c.t, fmt.Sprintf("slot%d", s.i), args, s.grpcAddr, s.httpAddr, log)
+	bin, previous := binary, c.cfg.previous != "" && s.launches == 1
+	if previous {
+		bin = c.cfg.previous
+	}
+	began := time.Now()
+	srv, err := spawnBinaryAt(c.t, bin, fmt.Sprintf("slot%d", s.i), args, s.grpcAddr, s.httpAddr, log)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -294,6 +310,10 @@ func (c *chaos) launch(s *slot) {
 	}
 	s.mu.Lock()
 	s.cur = srv
+	s.previous = previous
+	if !previous && s.currentSince.IsZero() {
+		s.currentSince = began
+	}
 	s.mu.Unlock()
 }
 
@@ -651,6 +671,16 @@ func (c *chaos) restart(s *slot) {
 	srv := s.cur
 	s.mu.Unlock()
 	held := c.inProgress(c.serverID(s))
+	s.mu.Lock()
+	previous := s.previous
+	s.mu.Unlock()
+	if previous {
+		c.mu.Lock()
+		for id, r := range held {
+			c.previousHeld[id] = r
+		}
+		c.mu.Unlock()
+	}
 	began := time.Now()
 	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
 	select {

@@ -145,12 +145,18 @@ func spawn(t *testing.T, id string, args []string, attempt int) (*server, error)
 // process restarted on the same addresses keeps one log).
 func spawnAt(t *testing.T, id string, args []string, grpcAddr, httpAddr, logPath string) (*server, error) {
 	t.Helper()
+	return spawnBinaryAt(t, binary, id, args, grpcAddr, httpAddr, logPath)
+}
+
+// spawnBinaryAt is spawnAt with another clusterd binary (an older release's).
+func spawnBinaryAt(t *testing.T, bin, id string, args []string, grpcAddr, httpAddr, logPath string) (*server, error) {
+	t.Helper()
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	s := &server{id: id, args: args, exited: make(chan struct{}), logPath: logPath, addr: grpcAddr}
-	s.cmd = exec.Command(binary, append(slices.Clone(args), "--grpc-addr", grpcAddr, "--http-addr", httpAddr)...)
+	s.cmd = exec.Command(bin, append(slices.Clone(args), "--grpc-addr", grpcAddr, "--http-addr", httpAddr)...)
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	dieWithParent(s.cmd)
 	s.started = time.Now()

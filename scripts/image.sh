@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ $# -ge 1 ] || { echo "usage: $0 TAG..." >&2; exit 2; }
 
-VERSION="${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo devel)}"
+VERSION="${VERSION:-$(bash scripts/release.sh version 2>/dev/null || echo devel)}"
 COMMIT="${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 CA="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 [ -r "$CA" ] || { echo "image: no CA bundle at $CA (apt-get install ca-certificates, or set CA_BUNDLE)" >&2; exit 1; }
