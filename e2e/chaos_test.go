@@ -670,10 +670,17 @@ func (c *chaos) restart(s *slot) {
 	s.mu.Lock()
 	srv := s.cur
 	s.mu.Unlock()
-	held := c.inProgress(c.serverID(s))
 	s.mu.Lock()
 	previous := s.previous
 	s.mu.Unlock()
+	held := c.inProgress(c.serverID(s))
+	// A rolling upgrade stops a previous-release process while it runs
+	// operations, so that they are handed across versions (within a
+	// bound: the load keeps every process busy).
+	for wait := time.Now().Add(15 * time.Second); previous && len(held) == 0 && time.Now().Before(wait); {
+		time.Sleep(50 * time.Millisecond)
+		held = c.inProgress(c.serverID(s))
+	}
 	if previous {
 		c.mu.Lock()
 		for id, r := range held {

@@ -29,6 +29,7 @@ func TestImage(t *testing.T) {
 	if out, err := exec.Command("docker", "info").CombinedOutput(); err != nil {
 		skipOrFail(t, "no Docker engine (make docker starts one): %v: %s", err, tail(string(out), 500))
 	}
+	t.Parallel()
 	tag := fmt.Sprintf("clusterd-test:%d-%d", os.Getpid(), time.Now().UnixNano())
 	build := exec.Command("bash", "scripts/image.sh", tag)
 	build.Dir = repoRoot(t)

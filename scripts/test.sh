@@ -109,7 +109,7 @@ fi
 # A package's tests may take several times longer on a busy machine (the
 # server and repository packages took 9 minutes beside another make test);
 # the timeout is a deadline for a hung test, not a speed goal.
-go test -race -count=1 -timeout "${TEST_TIMEOUT:-30m}" -v "$@" >"$log" 2>&1
+go test -race -count=1 -timeout "${TEST_TIMEOUT:-45m}" -v "$@" >"$log" 2>&1
 rc=$?
 
 if [ "$rc" -ne 0 ]; then
