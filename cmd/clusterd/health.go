@@ -45,12 +45,8 @@ func healthCheck(args []string, getenv func(string) string, stdout, stderr io.Wr
 	if fs.NArg() > 0 {
 		return fmt.Errorf("health: unexpected arguments: %v", fs.Args())
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for _, name := range []string{"grpc-addr", "tls-cert"} {
-		if v := getenv(envName(name)); v != "" && !given[name] {
-			_ = fs.Set(name, v)
-		}
+	if err := envTwins(fs, getenv, "grpc-addr", "tls-cert"); err != nil {
+		return fmt.Errorf("health: %w", err)
 	}
 	target, err := probeAddr(*addr)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -155,19 +156,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	if *showVersion {
 		return cfg, level, errVersion
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		env := envName(f.Name)
-		if v := getenv(env); v != "" && !given[f.Name] && envErr == nil && f.Name != "version" {
-			if err := f.Value.Set(v); err != nil {
-				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return cfg, level, envErr
+	if err := envTwins(fs, getenv); err != nil {
+		return cfg, level, err
 	}
 	if cfg.ServerID == "" {
 		cfg.ServerID = defaultServerID(host, cfg.GRPCAddr)
@@ -189,6 +179,28 @@ func defaultServerID(host, grpcAddr string) string {
 		return host + ":" + port
 	}
 	return fmt.Sprintf("%s:pid%d", host, os.Getpid())
+}
+
+// envTwins sets each flag of fs that the command line did not give from
+// its environment twin, when that is set (only the named flags, when names
+// are given; never --version, which has no twin). A value the flag refuses
+// is an error naming the variable.
+func envTwins(fs *flag.FlagSet, getenv func(string) string, names ...string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || given[f.Name] || f.Name == "version" || len(names) > 0 && !slices.Contains(names, f.Name) {
+			return
+		}
+		env := envName(f.Name)
+		if v := getenv(env); v != "" {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", env, v, e)
+			}
+		}
+	})
+	return err
 }
 
 // envName is a flag's environment twin: --grpc-addr <- CLUSTERD_GRPC_ADDR.

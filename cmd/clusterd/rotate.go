@@ -36,12 +36,8 @@ func rotateSecrets(ctx context.Context, args []string, getenv func(string) strin
 	if fs.NArg() > 0 {
 		return fmt.Errorf("rotate-secrets: unexpected arguments: %v", fs.Args())
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for name, v := range map[string]*string{"secrets-key-file": keyFile, "database": database} {
-		if env := getenv(envName(name)); env != "" && !given[name] {
-			*v = env
-		}
+	if err := envTwins(fs, getenv, "secrets-key-file", "database"); err != nil {
+		return fmt.Errorf("rotate-secrets: %w", err)
 	}
 	if *keyFile == "" {
 		return errors.New("rotate-secrets: --secrets-key-file is required")
