@@ -29,8 +29,14 @@ tags=()
 for t in "$@"; do tags+=(-t "$t"); done
 # The classic builder: BuildKit is a separate package on Debian, and this
 # Dockerfile needs nothing it adds.
-DOCKER_BUILDKIT=0 docker build -q "${tags[@]}" \
+# Its deprecation notice is printed only with a failure's output.
+if ! DOCKER_BUILDKIT=0 docker build -q "${tags[@]}" \
 	--build-arg VERSION="$VERSION" --build-arg COMMIT="$COMMIT" \
 	--build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-	"$ctx" >/dev/null
+	"$ctx" >"$ctx.log" 2>&1; then
+	cat "$ctx.log" >&2
+	rm -f "$ctx.log"
+	exit 1
+fi
+rm -f "$ctx.log"
 echo "image: built $* (clusterd $VERSION, $(du -h "$ctx/clusterd" | cut -f1) binary)"
