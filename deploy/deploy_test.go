@@ -66,6 +66,7 @@ type manifests struct {
 	secrets     []*corev1.Secret
 	pdbs        []*policyv1.PodDisruptionBudget
 	files       []string // the kustomization's resources
+	images      []string // the images the kustomization points elsewhere
 }
 
 func load(t *testing.T) *manifests {
@@ -108,11 +109,22 @@ func load(t *testing.T) *manifests {
 					APIVersion string   `json:"apiVersion"`
 					Kind       string   `json:"kind"`
 					Resources  []string `json:"resources"`
+					Images     []struct {
+						Name    string `json:"name"`
+						NewName string `json:"newName"`
+						NewTag  string `json:"newTag"`
+					} `json:"images"`
 				}{}
 				if err := yaml.UnmarshalStrict([]byte(doc), k); err != nil {
 					t.Fatalf("%s: %v", where, err)
 				}
 				m.files = k.Resources
+				for _, im := range k.Images {
+					m.images = append(m.images, im.Name)
+					if im.NewTag == "" || im.NewTag == "latest" {
+						t.Errorf("%s: image %s is not pinned to a release (newTag %q)", where, im.Name, im.NewTag)
+					}
+				}
 				continue
 			default:
 				t.Fatalf("%s: unexpected kind %q %q", where, tm.APIVersion, tm.Kind)
@@ -265,6 +277,9 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("PodDisruptionBudget maxUnavailable %v; want 1", pdb.Spec.MaxUnavailable)
 	}
 
+	if image, _, _ := strings.Cut(c.Image, ":"); !contains(m.images, image) {
+		t.Errorf("the container's image %q is not one the kustomization sets (%v)", c.Image, m.images)
+	}
 	paths, _ := filepath.Glob(filepath.Join("kubernetes", "*.yaml"))
 	for _, p := range paths {
 		if base := filepath.Base(p); base != "kustomization.yaml" && !contains(m.files, base) {

@@ -33,6 +33,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -186,18 +187,19 @@ func ParseKeyFile(data []byte) (*Keyring, error) {
 }
 
 // LoadKeyFile reads the key file at path, refusing one that others may read
-// or write, or that a group other than the server's own may (see
-// keyFileMode).
+// or write, or a group may write, or a group may read other than as
+// keyFileMode allows.
 func LoadKeyFile(path string) (*Keyring, error) {
 	info, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("secrets key file: %w", err)
 	}
-	fileGID := -1
+	fileUID, fileGID := -1, -1
 	if st, ok := info.Sys().(*syscall.Stat_t); ok {
-		fileGID = int(st.Gid)
+		fileUID, fileGID = int(st.Uid), int(st.Gid)
 	}
-	if err := keyFileMode(info.Mode().Perm(), fileGID, os.Getegid()); err != nil {
+	groups, _ := os.Getgroups()
+	if err := keyFileMode(info.Mode().Perm(), fileUID, fileGID, append(groups, os.Getegid())); err != nil {
 		return nil, fmt.Errorf("secrets key file %s: %w", path, err)
 	}
 	data, err := os.ReadFile(path)
@@ -289,18 +291,23 @@ func Ephemeral() *Keyring {
 	return k
 }
 
-// keyFileMode accepts a key file's permissions: no bits for others, and
-// group bits only when the file's group is the server's own effective group
-// and not root's. The group case is how Kubernetes mounts a Secret for a
-// non-root pod (fsGroup: the file is root-owned, group-readable by the pod's
-// group), and a dedicated group reaches no one else; any other group, or an
-// unknown one (fileGID < 0), could.
-func keyFileMode(perm os.FileMode, fileGID, ownGID int) error {
+// keyFileMode accepts a key file's permissions: no bits for others, no
+// group write, and group read only for a file root owns whose group, not
+// root's, is one of the server's own groups. That is how Kubernetes mounts
+// a Secret for a non-root pod (fsGroup: root-owned files, readable by the
+// pod's group); root chose that group for the server. A file of the server's
+// own user with group read is refused: a user's group is often shared
+// (users). An owner or group it cannot tell (< 0) is refused too.
+func keyFileMode(perm os.FileMode, fileUID, fileGID int, ownGroups []int) error {
 	switch {
 	case perm&0o007 != 0:
 		return fmt.Errorf("mode %04o lets others at the keys; chmod 600 it", perm)
-	case perm&0o070 != 0 && (fileGID < 0 || fileGID != ownGID || fileGID == 0):
-		return fmt.Errorf("mode %04o lets group or others at the keys (group %d is not this server's own); chmod 600 it", perm, fileGID)
+	case perm&0o070 == 0:
+		return nil
+	case perm&0o030 != 0:
+		return fmt.Errorf("mode %04o lets a group change the keys; chmod 600 it", perm)
+	case fileUID != 0 || fileGID <= 0 || !slices.Contains(ownGroups, fileGID):
+		return fmt.Errorf("mode %04o lets group %d read the keys, which is not a group root gave this server (a root-owned file of one of its own groups, as Kubernetes' fsGroup mounts a Secret); chmod 600 it", perm, fileGID)
 	}
 	return nil
 }

@@ -110,7 +110,7 @@ func TestKeyFile(t *testing.T) {
 	}{
 		{"two keys, first current", "# comment\n\nk2 " + b64(2) + "\nk1 " + b64(1) + "\n", 0o600, "k2", ""},
 		{"read-only owner", "k1 " + b64(1) + "\n", 0o400, "k1", ""},
-		{"group readable", "k1 " + b64(1) + "\n", 0o640, "", "group or others"},
+		{"group readable", "k1 " + b64(1) + "\n", 0o640, "", "read the keys"},
 		{"world readable", "k1 " + b64(1) + "\n", 0o604, "", "others at the keys"},
 		{"empty", "# nothing\n", 0o600, "", "no key"},
 		{"short key", "k1 " + base64.StdEncoding.EncodeToString([]byte("short")) + "\n", 0o600, "", "want 32"},

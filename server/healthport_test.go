@@ -18,8 +18,8 @@ import (
 // TestHealthPort: with TLS and identities on the API port, --health-addr
 // answers a plaintext gRPC health check with no credentials, as
 // Kubernetes' gRPC probes send it, for readiness ("") and liveness; it
-// serves nothing else; without the flag there is no such port; and the
-// shutdown's NOT_SERVING shows there.
+// serves nothing else (not even Watch); without the flag there is no such
+// port; and the shutdown's NOT_SERVING shows there.
 func TestHealthPort(t *testing.T) {
 	b := repotest.Backends(t)[0]
 	if h := start(t, b); h.srv.HealthAddr() != "" {
@@ -43,6 +43,11 @@ func TestHealthPort(t *testing.T) {
 		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
 		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("plaintext health check of %q on the health port: %v, %v; want SERVING", service, resp.GetStatus(), err)
+		}
+	}
+	if w, err := health.Watch(ctx, &healthpb.HealthCheckRequest{}); err == nil {
+		if _, err = w.Recv(); status.Code(err) != codes.Unimplemented {
+			t.Errorf("Watch on the health port: %v; want UNIMPLEMENTED (Check only: a watch holds a stream per caller)", err)
 		}
 	}
 	_, err = clv1.NewClusterLifecycleClient(conn).ListClusters(ctx, &clv1.ListClustersRequest{})

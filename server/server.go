@@ -344,6 +344,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.listenDebug(); err != nil {
 		_ = s.grpcLis.Close()
 		_ = s.httpLis.Close()
+		_ = s.lease.Release(ctx)
 		cleanup()
 		return nil, err
 	}
@@ -353,6 +354,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		if s.debugLis != nil {
 			_ = s.debugLis.Close()
 		}
+		_ = s.lease.Release(ctx)
 		cleanup()
 		return nil, err
 	}
@@ -459,9 +461,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		defer wg.Done()
 		s.serveDebug(ctx)
 	}()
+	healthDone := make(chan struct{})
 	go func() {
 		defer wg.Done()
-		s.serveHealth(ctx)
+		s.serveHealth(healthDone)
 	}()
 
 	var serveErr error
@@ -471,6 +474,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	cancel()
 	shutdownErr := s.shutdown()
+	close(healthDone) // the health port answers NOT_SERVING until the shutdown ends
 	wg.Wait()
 	return errors.Join(serveErr, shutdownErr)
 }

@@ -22,8 +22,9 @@ import (
 // from scratch has no shell or probe binary, so the server binary probes
 // itself. It reads the server's own flags' environment twins
 // (CLUSTERD_GRPC_ADDR, CLUSTERD_TLS_CERT), so a container configured for the
-// server is configured for its check; a wildcard listen address is asked on
-// loopback.
+// server through its environment is configured for its check (flags given
+// to the server's command line are not seen); a wildcard listen address is
+// asked on loopback.
 //
 // Over TLS the server's certificate is not verified: the check sends no
 // credentials and only reads a status, and the certificate, issued for the
@@ -84,12 +85,10 @@ func probeAddr(listen string) (string, error) {
 	if port == "" || port == "0" {
 		return "", fmt.Errorf("no fixed port")
 	}
+	// Go's wildcard listeners, [::] too, take IPv4 as well, and 127.0.0.1
+	// answers where IPv6 is off.
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		if ip != nil && ip.To4() == nil {
-			host = "::1"
-		} else {
-			host = "127.0.0.1"
-		}
+		host = "127.0.0.1"
 	}
 	return net.JoinHostPort(host, port), nil
 }
