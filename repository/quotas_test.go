@@ -36,6 +36,32 @@ func createQuota(ctx context.Context, s *repository.Store, name string, q *repos
 		repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
 }
 
+// createResending is racer i's create, with a request id, resent through
+// the next store while the database answers unavailable (a Galera node
+// stalled on a loaded machine: lock wait timeouts, a lost connection), as
+// a client resends with its request id, for up to 2 minutes. A create whose
+// answer was lost may have been written: the request id finds it.
+func createResending(ctx context.Context, stores []*repository.Store, i int, q *repository.QuotaCheck) error {
+	id := fmt.Sprintf("race-%d", i)
+	deadline := time.Now().Add(2 * time.Minute)
+	for attempt := 0; ; attempt++ {
+		s := stores[(i+attempt)%len(stores)]
+		_, _, err := s.CreateCluster(ctx, repository.NewCluster{Account: "acme", DisplayName: fmt.Sprintf("c%d", i), Spec: spec, Quota: q},
+			repository.NewJob{Kind: "create", ServerID: "s1", RequestID: id, Deadline: time.Now().Add(time.Hour)})
+		if err != nil && attempt > 0 {
+			// An earlier attempt may have been written (its answer lost):
+			// then this one is refused for the request id taken.
+			if _, gerr := s.GetJobByRequestID(ctx, "acme", id); gerr == nil {
+				return nil
+			}
+		}
+		if !errors.Is(err, repository.ErrUnavailable) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // raceCreates runs 32 creates of one account at once, spread over stores,
 // against a limit of 5 clusters: exactly 5 must be accepted and every other
 // refused with a QuotaExceededError naming the clusters limit. The stores
@@ -70,7 +96,7 @@ func raceCreates(t *testing.T, stores []*repository.Store) {
 		go func() {
 			defer wg.Done()
 			<-start
-			_, _, errs[i] = createQuota(ctx, stores[i%len(stores)], fmt.Sprintf("c%d", i), q)
+			errs[i] = createResending(ctx, stores, i, q)
 		}()
 	}
 	close(start)
