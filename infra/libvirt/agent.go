@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,9 +62,13 @@ type SocketAgents struct {
 	// shows in the log rather than only as a step that takes long.
 	Log       *slog.Logger
 	SlowAfter time.Duration
-	ids       atomic.Uint64
-	mu        sync.Mutex
-	conns     map[string]*agentConn
+	// Describe, when set, adds what the host knows of the machine to that
+	// log line (its domain's state and CPU time, so a guest that stopped
+	// running or never ran shows apart from one that runs and ignores us).
+	Describe func(machineID string) string
+	ids      atomic.Uint64
+	mu       sync.Mutex
+	conns    map[string]*agentConn
 }
 
 // agentConn is one machine's connection; its lock orders the machine's
@@ -175,9 +180,13 @@ func (a *SocketAgents) Do(ctx context.Context, machineID string, req agent.Reque
 		}
 		if a.Log != nil && a.SlowAfter > 0 && time.Since(warned) >= a.SlowAfter {
 			warned = time.Now()
+			domain := ""
+			if a.Describe != nil {
+				domain = a.Describe(machineID)
+			}
 			a.Log.Warn("a node agent has not answered yet; still sending", "machine", machineID, "op", req.Op,
 				"waited", time.Since(began).Round(time.Second), "socket", path, "connected", c.conn != nil,
-				"answered_before", c.answered, "last_error", err.Error())
+				"answered_before", c.answered, "channel", socketPeers(path), "domain", domain, "last_error", err.Error())
 		}
 		if ctx.Err() != nil {
 			c.close() // an answer may still come: not on this connection
@@ -300,4 +309,32 @@ func (a *MemoryAgents) Do(ctx context.Context, machineID string, req agent.Reque
 		}),
 	}, req)
 	return answer(machineID, req, resp)
+}
+
+// socketPeers says, from /proc/net/unix, how many connections to the unix
+// socket at path QEMU has accepted and how many wait in its backlog. QEMU
+// serves one connection to a channel's socket at a time: "accepted=1
+// waiting=1" while this server's request goes unanswered means another
+// process (a peer sharing the libvirtd, or a stopped one) holds the channel.
+// Empty where /proc/net/unix cannot be read.
+func socketPeers(path string) string {
+	data, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		return ""
+	}
+	accepted, waiting := 0, 0
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(line)
+		// Num RefCount Protocol Flags Type St Inode Path
+		if len(f) < 8 || f[7] != path || f[3] == "00010000" {
+			continue // not this socket, or its listener
+		}
+		switch f[5] {
+		case "03":
+			accepted++
+		case "02":
+			waiting++
+		}
+	}
+	return fmt.Sprintf("accepted=%d waiting=%d", accepted, waiting)
 }

@@ -164,6 +164,23 @@ func (d *Driver) running(dom golibvirt.Domain) (bool, error) {
 	return isRunning(state), err
 }
 
+// describeDomain is machine id's domain as the log shows it when its agent
+// is silent: its state and the CPU time its guest has used, which grows
+// while the guest runs.
+func (d *Driver) describeDomain(id string) string {
+	dom, err := d.conn().DomainLookupByName(DomainName(id))
+	if err != nil {
+		return "lookup: " + err.Error()
+	}
+	state, _, _, vcpus, cpuTime, err := d.conn().DomainGetInfo(dom)
+	if err != nil {
+		return "info: " + err.Error()
+	}
+	names := map[golibvirt.DomainState]string{golibvirt.DomainNostate: "nostate", golibvirt.DomainRunning: "running", golibvirt.DomainBlocked: "blocked",
+		golibvirt.DomainPaused: "paused", golibvirt.DomainShutdown: "shutting-down", golibvirt.DomainShutoff: "shutoff", golibvirt.DomainCrashed: "crashed", golibvirt.DomainPmsuspended: "pmsuspended"}
+	return fmt.Sprintf("state=%s vcpus=%d cpu_time=%s", names[golibvirt.DomainState(state)], vcpus, time.Duration(cpuTime).Round(time.Millisecond))
+}
+
 func (d *Driver) state(dom golibvirt.Domain) (golibvirt.DomainState, error) {
 	state, _, err := d.conn().DomainGetState(dom, 0)
 	if err != nil {

@@ -280,6 +280,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		} else {
 			sa := NewSocketAgents(d.poolDir)
 			sa.Log = d.log
+			sa.Describe = d.describeDomain
 			d.agents = sa
 		}
 	}
