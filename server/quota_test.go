@@ -10,7 +10,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -82,11 +84,22 @@ func raceCreatesOnServers(t *testing.T, dsns []string) {
 		go func() {
 			defer wg.Done()
 			<-start
-			op, err := hs[i%2].clients.clusters.CreateCluster(tctx(t), &clv1.CreateClusterRequest{Cluster: &clv1.Cluster{
+			// UNAVAILABLE ("please retry": on Galera, a create that
+			// exhausted its lock-conflict attempts, or a stalled node) is
+			// sent again with the request id through the other server, as
+			// a client does, for up to 2 minutes.
+			req := &clv1.CreateClusterRequest{RequestId: uuid.NewString(), Cluster: &clv1.Cluster{
 				DisplayName: fmt.Sprintf("c%d", i), KubernetesVersion: "1.30.2", WorkerNodeCount: 1, ServiceOffering: "medium",
-			}})
-			errs[i] = err
-			names[i] = op.GetName()
+			}}
+			deadline := time.Now().Add(2 * time.Minute)
+			for attempt := 0; ; attempt++ {
+				op, err := hs[(i+attempt)%2].clients.clusters.CreateCluster(tctx(t), req)
+				errs[i], names[i] = err, op.GetName()
+				if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
 		}()
 	}
 	close(start)
