@@ -334,29 +334,19 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.metrics.grpc.InitializeMetrics(s.grpc)
 	s.metrics.watch(s.store, s.scanner, s.quotas, s.log)
 
-	if err := s.gateway(ctx); err != nil {
-		_ = s.grpcLis.Close()
-		_ = s.httpLis.Close()
-		_ = s.lease.Release(ctx)
-		cleanup()
-		return nil, err
-	}
-	if err := s.listenDebug(); err != nil {
-		_ = s.grpcLis.Close()
-		_ = s.httpLis.Close()
-		_ = s.lease.Release(ctx)
-		cleanup()
-		return nil, err
-	}
-	if err := s.listenHealth(); err != nil {
-		_ = s.grpcLis.Close()
-		_ = s.httpLis.Close()
-		if s.debugLis != nil {
-			_ = s.debugLis.Close()
+	// Past this point a failure closes the listeners, gives the server id
+	// back and closes the store.
+	for _, step := range []func() error{func() error { return s.gateway(ctx) }, s.listenDebug, s.listenHealth} {
+		if err := step(); err != nil {
+			for _, l := range []net.Listener{s.grpcLis, s.httpLis, s.debugLis, s.healthLis} {
+				if l != nil {
+					_ = l.Close()
+				}
+			}
+			_ = s.lease.Release(ctx)
+			cleanup()
+			return nil, err
 		}
-		_ = s.lease.Release(ctx)
-		cleanup()
-		return nil, err
 	}
 	s.log.Info("clusterd ready", "server_id", cfg.ServerID, "incarnation", s.self.Incarnation, "on_owner_loss", cfg.OnOwnerLoss,
 		"database", string(s.store.Backend()), "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "infra", cfg.Infra,
