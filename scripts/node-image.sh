@@ -103,12 +103,15 @@ exec </dev/console >/dev/console 2>&1
 /bin/busybox mount -t proc proc /proc
 /bin/busybox mount -t sysfs sysfs /sys
 /bin/busybox --install -s /bin
-for m in ${modules[*]}; do
-	modprobe "\$m" || echo "init: modprobe \$m failed"
-done
 # The host swaps the version's ISO while the guest runs: the kernel must
 # neither lock the tray while the agent reads the cdrom nor close it when the
 # agent opens the device (QEMU then refuses the swap: "Tray ... is not open").
+# The cdrom module takes both as parameters before sr_mod registers the
+# drive (virtio-scsi scans asynchronously); the sysctls say the same again.
+modprobe cdrom autoclose=0 lockdoor=0 || echo "init: modprobe cdrom failed"
+for m in ${modules[*]}; do
+	modprobe "\$m" || echo "init: modprobe \$m failed"
+done
 echo 0 >/proc/sys/dev/cdrom/lock || echo "init: cdrom lock not set"
 echo 0 >/proc/sys/dev/cdrom/autoclose || echo "init: cdrom autoclose not set"
 echo "init: modules loaded; starting clusterd-agent"

@@ -335,20 +335,52 @@ func (d *Driver) media(ctx context.Context, dm *domain, iso, path string) error 
 // changeMedia swaps the cdrom of a running domain. The guest may close the
 // tray between QEMU's opening it and removing the medium (a kernel that
 // closes the tray when the cdrom is opened, or locks it while it is read):
-// QEMU then refuses with "Tray ... is not open", and the swap is tried again,
-// up to 10 times, 300 ms apart.
+// QEMU then refuses with "Tray ... is not open", and the swap is tried again
+// for up to trayWait, the pause growing from 300 ms to 2 s. An error after
+// that says how many tries there were and where libvirt believes the tray
+// is: open there but closed in QEMU means libvirt missed the guest's
+// closing it; closed in both means the guest closed it after every opening.
 func (d *Driver) changeMedia(ctx context.Context, dm *domain, xml string) error {
+	const trayWait = 20 * time.Second
+	deadline := time.Now().Add(trayWait)
+	pause := 300 * time.Millisecond
 	for try := 1; ; try++ {
 		err := d.conn().DomainUpdateDeviceFlags(dm.dom, xml, golibvirt.DomainDeviceModifyLive|golibvirt.DomainDeviceModifyForce)
-		if err == nil || try == 10 || !strings.Contains(err.Error(), "Tray") {
+		if err == nil || !strings.Contains(err.Error(), "Tray") {
 			return err
+		}
+		if time.Now().Add(pause).After(deadline) {
+			return fmt.Errorf("%w (%d tries in %v; libvirt has the tray %s)", err, try, trayWait, d.trayState(dm.dom))
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(300 * time.Millisecond):
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 2*time.Second)
+	}
+}
+
+// trayState is where libvirt believes the running domain's cdrom tray is
+// ("open" or "closed"), or why that could not be read.
+func (d *Driver) trayState(dom golibvirt.Domain) string {
+	s, err := d.conn().DomainGetXMLDesc(dom, 0)
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	var x libvirtxml.Domain
+	if err := x.Unmarshal(s); err != nil {
+		return "unknown: " + err.Error()
+	}
+	for _, disk := range x.Devices.Disks {
+		if disk.Device == "cdrom" && disk.Target != nil {
+			if disk.Target.Tray == "" {
+				return "closed"
+			}
+			return disk.Target.Tray
 		}
 	}
+	return "unknown: no cdrom"
 }
 
 // agent sends req to the machine's agent, which must be running, and
