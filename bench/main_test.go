@@ -87,7 +87,7 @@ func TestMain(m *testing.M) {
 func report() {
 	load, _ := os.ReadFile("/proc/loadavg")
 	if slices.ContainsFunc(order, func(name string) bool { return strings.HasSuffix(name, "/service") }) {
-		fmt.Printf("\n== clusterd against raw SQL, same process and run (medians of %s runs; load average %s)\n", maxRuns(), strings.Join(strings.Fields(string(load))[:3], " "))
+		fmt.Printf("\n== clusterd against raw SQL, same run (FrontDoor: bin/clusterd in its own process through gRPC or REST; the rest in process; medians of %s runs; load average %s)\n", maxRuns(), strings.Join(strings.Fields(string(load))[:3], " "))
 		fmt.Printf("%-44s %16s %16s %10s %12s %12s\n", "measure", "service", "raw SQL", "ratio", "p99 service", "p99 raw")
 	}
 	var scanPoints []scanPoint
@@ -144,6 +144,7 @@ func report() {
 			reportWatch(name, f)
 		}
 	}
+	reportCPU()
 	if *plotPath != "" && len(scanPoints) > 0 {
 		if err := plot(*plotPath, scanPoints); err != nil {
 			fmt.Fprintln(os.Stderr, "plot:", err)

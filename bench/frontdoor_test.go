@@ -1,0 +1,470 @@
+package bench_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+)
+
+// The front door: bin/clusterd, built from this tree, in a process of its
+// own on the benchmark's database, driven by 8 gRPC callers (and one REST
+// case) like a user's client, beside the same raw baselines as the
+// in-process benchmarks, through the same number of connections, in the
+// same run. Identities are on (a token file, an admin token), so every call
+// passes the whole interceptor chain. The server parks the jobs it accepts
+// (--sim-step-delay 1h): admission is measured alone, as in
+// BenchmarkAdmission. Beside throughput, the CPU each call cost: clusterd's
+// process, the database server's (MariaDB; SQLite runs inside clusterd) and
+// the calling process's (the gRPC client, or the raw side's driver), read
+// from /proc around each run. With -bench.profile DIR, a 5 s CPU profile of
+// clusterd under the same load is written per measure through
+// --debug-addr, after the measured runs.
+
+var profileDir = flag.String("bench.profile", "", "write a CPU profile of bin/clusterd per front-door measure into this folder")
+
+// frontDoor is one clusterd process and the clients that call it.
+type frontDoor struct {
+	cmd      *exec.Cmd
+	clusters clv1.ClusterLifecycleClient
+	conn     *grpc.ClientConn
+	gateway  string // http://host:port of the REST gateway
+	debug    string // host:port of --debug-addr
+	token    string
+	http     *http.Client
+	log      string
+}
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// clusterdBinary builds bin/clusterd from this tree once a process.
+func clusterdBinary(b *testing.B) string {
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "clusterd-bench-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
+		binPath = filepath.Join(dir, "clusterd")
+		build := exec.Command("go", "build", "-o", binPath, "github.com/clusterd/clusterd/cmd/clusterd")
+		build.Stderr = os.Stderr
+		binErr = build.Run()
+	})
+	must(b, binErr)
+	return binPath
+}
+
+var (
+	doorsMu sync.Mutex
+	doors   = map[string]*frontDoor{}
+)
+
+// getFrontDoor returns the process's clusterd on env e's database, started
+// on first use and killed when the process ends.
+func getFrontDoor(b *testing.B, e *env) *frontDoor {
+	doorsMu.Lock()
+	defer doorsMu.Unlock()
+	if d := doors[e.backend]; d != nil {
+		return d
+	}
+	bin := clusterdBinary(b)
+	dir, err := os.MkdirTemp("", "clusterd-bench-door-")
+	must(b, err)
+	cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
+	token := randomHex(b, 32)
+	sum := sha256.Sum256([]byte(token))
+	tokens := filepath.Join(dir, "tokens")
+	must(b, os.WriteFile(tokens, []byte("sha256:"+hex.EncodeToString(sum[:])+" acme admin\n"), 0o600))
+	key := make([]byte, 32)
+	_, err = rand.Read(key)
+	must(b, err)
+	keys := filepath.Join(dir, "secrets-key")
+	must(b, os.WriteFile(keys, []byte("k1 "+base64.StdEncoding.EncodeToString(key)+"\n"), 0o600))
+	grpcAddr, httpAddr, debugAddr := loopbackAddr(b), loopbackAddr(b), loopbackAddr(b)
+	d := &frontDoor{gateway: "http://" + httpAddr, debug: debugAddr, token: token, log: filepath.Join(dir, "clusterd.log")}
+	logFile, err := os.Create(d.log)
+	must(b, err)
+	d.cmd = exec.Command(bin, "--database", e.dsn, "--server-id", "door-"+e.backend,
+		"--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--debug-addr", debugAddr,
+		"--auth-tokens", tokens, "--secrets-key-file", keys,
+		// Accepted jobs wait in their first step; peers (the in-process
+		// benchmarks' server) are never taken for dead.
+		"--sim-step-delay", "1h", "--peer-timeout", "24h", "--log-level", "WARN")
+	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	must(b, d.cmd.Start())
+	cleanups = append(cleanups, func() {
+		_ = d.cmd.Process.Kill()
+		_ = d.cmd.Wait()
+		_ = logFile.Close()
+		if d.conn != nil {
+			_ = d.conn.Close()
+		}
+	})
+	d.conn, err = grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	must(b, err)
+	d.clusters = clv1.NewClusterLifecycleClient(d.conn)
+	d.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}, Timeout: 30 * time.Second}
+	// Serving once a request for a cluster that does not exist answers.
+	var last error
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		_, last = d.clusters.GetCluster(d.ctx(), &clv1.GetClusterRequest{Name: "clusters/01000000-0000-7000-8000-000000000000"})
+		if status.Code(last) == codes.NotFound {
+			doors[e.backend] = d
+			return d
+		}
+	}
+	log, _ := os.ReadFile(d.log)
+	b.Fatalf("bin/clusterd did not serve within 2 min (last answer: %v); its log:\n%s", last, log)
+	return nil
+}
+
+// ctx is a call's context, carrying the admin token.
+func (d *frontDoor) ctx() context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+d.token)
+}
+
+// getREST is GetCluster through the gateway.
+func (d *frontDoor) getREST(id string) error {
+	req, err := http.NewRequest(http.MethodGet, d.gateway+"/v1/clusters/"+id, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /v1/clusters/%s: %s: %.200s", id, resp.Status, body)
+	}
+	return nil
+}
+
+// profile writes a 5 s CPU profile of clusterd, taken while load runs, to
+// the -bench.profile folder.
+func (d *frontDoor) profile(b *testing.B, name string, load func(stop <-chan struct{})) {
+	if *profileDir == "" {
+		return
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { load(stop) })
+	defer func() { close(stop); wg.Wait() }()
+	req, err := http.NewRequest(http.MethodGet, "http://"+d.debug+"/debug/pprof/profile?seconds=5", nil)
+	must(b, err)
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
+	must(b, err)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		b.Fatalf("profile: %s: %.200s", resp.Status, body)
+	}
+	must(b, os.MkdirAll(*profileDir, 0o755))
+	path := filepath.Join(*profileDir, strings.NewReplacer("/", "_", "=", "").Replace(name)+".pprof")
+	f, err := os.Create(path)
+	must(b, err)
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	must(b, err)
+}
+
+func BenchmarkFrontDoor(b *testing.B) {
+	for _, be := range backends(b) {
+		e := getEnv(b, be, "ops")
+		d := getFrontDoor(b, e)
+		ids := e.seedRunning(b, 1000, 3)
+		e.seedRunning(b, 200, 3) // a page of 100 to list is always there
+		pick := func() string { return ids[mrand.IntN(len(ids))] }
+		measures := []struct {
+			name string
+			// consumes: every call changes a cluster of its own (taken
+			// from the pool of RUNNING ones), which op's i indexes.
+			consumes     bool
+			service, raw func(taken []string) func(i int) error
+		}{
+			{
+				name: "admission-parked", consumes: true,
+				service: func(taken []string) func(int) error {
+					return func(i int) error {
+						_, err := d.clusters.StopCluster(d.ctx(), &clv1.StopClusterRequest{Name: "clusters/" + taken[i]})
+						return err
+					}
+				},
+				raw: func(taken []string) func(int) error {
+					base := seq.Add(int64(len(taken))) - int64(len(taken)) + 1 // job ids of its own
+					return func(i int) error { return rawClaim(context.Background(), e.rawW, e.rawR, taken[i], base+int64(i)) }
+				},
+			},
+			{
+				name: "get",
+				service: func([]string) func(int) error {
+					return func(int) error {
+						_, err := d.clusters.GetCluster(d.ctx(), &clv1.GetClusterRequest{Name: "clusters/" + pick()})
+						return err
+					}
+				},
+				raw: func([]string) func(int) error {
+					return func(int) error { return rawGet(context.Background(), e.rawR, pick(), true) }
+				},
+			},
+			{
+				name:    "get-rest",
+				service: func([]string) func(int) error { return func(int) error { return d.getREST(pick()) } },
+				raw: func([]string) func(int) error {
+					return func(int) error { return rawGet(context.Background(), e.rawR, pick(), true) }
+				},
+			},
+			{
+				name: "list-page100",
+				service: func([]string) func(int) error {
+					return func(int) error {
+						_, err := d.clusters.ListClusters(d.ctx(), &clv1.ListClustersRequest{PageSize: 100})
+						return err
+					}
+				},
+				raw: func([]string) func(int) error {
+					return func(int) error { return rawList(context.Background(), e.rawR) }
+				},
+			},
+		}
+		for _, m := range measures {
+			take := func(b *testing.B, n int) []string {
+				if !m.consumes {
+					return nil
+				}
+				return e.take(b, n)
+			}
+			b.Run(fmt.Sprintf("%s/%s/clients=8", be.Name, m.name), func(b *testing.B) {
+				b.Run("service", func(b *testing.B) {
+					op := m.service(take(b, b.N))
+					cpuTimed(b, d.cmd.Process.Pid, be.Name, e.dsn, func() { timed(b, 8, op) })
+				})
+				b.Run("raw", func(b *testing.B) {
+					op := m.raw(take(b, b.N))
+					cpuTimed(b, os.Getpid(), be.Name, e.dsn, func() { timed(b, 8, op) })
+				})
+				resultsMu.Lock()
+				profiled := doneProfiles[b.Name()]
+				doneProfiles[b.Name()] = true
+				resultsMu.Unlock()
+				if profiled || *profileDir == "" {
+					return
+				}
+				// 5 s of the same calls, on clusters of their own: at most
+				// 4,000 a second.
+				taken := take(b, 20000)
+				op := m.service(taken)
+				var next atomic.Int64
+				d.profile(b, b.Name(), func(stop <-chan struct{}) {
+					var wg sync.WaitGroup
+					for range 8 {
+						wg.Go(func() {
+							for {
+								select {
+								case <-stop:
+									return
+								default:
+								}
+								i := int(next.Add(1) - 1)
+								if m.consumes && i >= len(taken) {
+									return
+								}
+								_ = op(i)
+							}
+						})
+					}
+					wg.Wait()
+				})
+			})
+		}
+	}
+}
+
+// doneProfiles: the measures already profiled (once a process).
+var doneProfiles = map[string]bool{}
+
+// cpuUse is the CPU one call cost, in microseconds: the serving process's
+// (clusterd, or the benchmark's own for a raw baseline, which is then the
+// client's too), the database server's, and the calling process's.
+type cpuUse struct {
+	n                     int
+	server, db, client    float64
+	dbInProcess, sameProc bool
+}
+
+var cpuResults = map[string][]cpuUse{}
+
+// cpuTimed runs run (one timed measurement) and records the CPU that
+// process pid, the database server and this process used meanwhile, per
+// operation.
+func cpuTimed(b *testing.B, pid int, backend, dsn string, run func()) {
+	db := 0
+	if backend != "sqlite" {
+		db = databasePID(dsn)
+	}
+	s0, d0, c0 := procCPU(pid), procCPU(db), procCPU(os.Getpid())
+	run()
+	s1, d1, c1 := procCPU(pid), procCPU(db), procCPU(os.Getpid())
+	per := func(a, z time.Duration) float64 { return float64((z - a).Microseconds()) / float64(b.N) }
+	u := cpuUse{n: b.N, server: per(s0, s1), db: per(d0, d1), client: per(c0, c1), dbInProcess: db == 0, sameProc: pid == os.Getpid()}
+	resultsMu.Lock()
+	name := strings.TrimPrefix(b.Name(), "Benchmark")
+	cpuResults[name] = append(cpuResults[name], u)
+	resultsMu.Unlock()
+	b.ReportMetric(u.server, "cpu-µs/op")
+}
+
+// lastCPU is, per run of name, the CPU of its last measurement (see runs).
+func lastCPU(name string) []cpuUse {
+	var out []cpuUse
+	for _, u := range cpuResults[name] {
+		if u.n == 1 || len(out) == 0 {
+			out = append(out, u)
+			continue
+		}
+		out[len(out)-1] = u
+	}
+	return out
+}
+
+// reportCPU prints the CPU per call of each front-door pair.
+func reportCPU() {
+	if len(cpuResults) == 0 {
+		return
+	}
+	fmt.Printf("\n== CPU per call, through the front door (medians; µs of CPU a call: clusterd or, for raw SQL, the calling process; the database server; the gRPC or REST client)\n")
+	fmt.Printf("%-44s %12s %12s %12s %12s %12s\n", "measure", "clusterd", "db (svc)", "client", "raw SQL", "db (raw)")
+	for _, name := range order {
+		base, ok := strings.CutSuffix(name, "/service")
+		if !ok || len(cpuResults[name]) == 0 {
+			continue
+		}
+		svc, raw := lastCPU(name), lastCPU(base+"/raw")
+		col := func(us []cpuUse, f func(cpuUse) float64) float64 {
+			var xs []float64
+			for _, u := range us {
+				xs = append(xs, f(u))
+			}
+			return median(xs)
+		}
+		db := func(us []cpuUse) string {
+			if len(us) > 0 && us[0].dbInProcess {
+				return "in process"
+			}
+			return fmt.Sprintf("%.0f", col(us, func(u cpuUse) float64 { return u.db }))
+		}
+		fmt.Printf("%-44s %12.0f %12s %12.0f %12.0f %12s\n", base,
+			col(svc, func(u cpuUse) float64 { return u.server }), db(svc),
+			col(svc, func(u cpuUse) float64 { return u.client }),
+			col(raw, func(u cpuUse) float64 { return u.server }), db(raw))
+	}
+}
+
+// procCPU is the user and system CPU process pid has used (0 for pid 0).
+func procCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command's closing parenthesis; utime and stime are
+	// the 14th and 15th of the whole line, in clock ticks (100 a second).
+	rest := string(data[strings.LastIndexByte(string(data), ')')+2:])
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * 10 * time.Millisecond
+}
+
+// databasePID is the process of the MariaDB server dsn connects to: a
+// mariadbd or mysqld whose --port is the DSN's (3306 when neither names
+// one); 0 if none is found.
+func databasePID(dsn string) int {
+	port := "3306"
+	if u, err := url.Parse(dsn); err == nil && u.Port() != "" {
+		port = u.Port()
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, ent := range entries {
+		if _, err := strconv.Atoi(ent.Name()); err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "comm"))
+		if c := strings.TrimSpace(string(comm)); err != nil || c != "mariadbd" && c != "mysqld" {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		own := "3306"
+		for _, arg := range strings.Split(string(cmdline), "\x00") {
+			if p, ok := strings.CutPrefix(arg, "--port="); ok {
+				own = p
+			}
+		}
+		if own == port {
+			pid, _ := strconv.Atoi(ent.Name())
+			return pid
+		}
+	}
+	return 0
+}
+
+// loopbackAddr is a free port on 127.0.0.1.
+func loopbackAddr(b *testing.B) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(b, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func randomHex(b *testing.B, n int) string {
+	buf := make([]byte, n)
+	_, err := rand.Read(buf)
+	must(b, err)
+	return hex.EncodeToString(buf)
+}
