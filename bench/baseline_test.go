@@ -15,6 +15,9 @@ import (
 
 // rawClaim is the claim transaction at its barest: read the cluster by
 // primary key, then in one transaction the compare-and-set and the job row.
+// The job is the live server bench's (any incarnation), so a clusterd
+// process on the same database (BenchmarkFrontDoor's) never takes it for a
+// dead server's and adopts it.
 func rawClaim(ctx context.Context, db *sql.DB, r *sql.DB, id string, n int64) error {
 	var (
 		state, op string
@@ -29,7 +32,7 @@ func rawClaim(ctx context.Context, db *sql.DB, r *sql.DB, id string, n int64) er
 	}
 	defer func() { _ = tx.Rollback() }()
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	job := fmt.Sprintf("02000000-0000-7000-a000-%012d", n)
+	job := rawJobID(n)
 	res, err := tx.ExecContext(ctx, "UPDATE clusters SET state = 'STOPPING', version = ?, current_operation = ?, update_time = ? WHERE id = ? AND state = ? AND version = ? AND current_operation = ?",
 		version+1, job, now, id, state, version, op)
 	if err != nil {
@@ -38,7 +41,7 @@ func rawClaim(ctx context.Context, db *sql.DB, r *sql.DB, id string, n int64) er
 	if n, _ := res.RowsAffected(); n != 1 {
 		return errLost
 	}
-	if _, err := tx.ExecContext(ctx, "INSERT INTO jobs (id, kind, account, resource_id, server_id, server_incarnation, status, params, result, error, deadline, create_time, update_time) VALUES (?, 'stop', 'acme', ?, 'bench', 'raw', 'IN_PROGRESS', '{}', '', '', ?, ?, ?)",
+	if _, err := tx.ExecContext(ctx, "INSERT INTO jobs (id, kind, account, resource_id, server_id, server_incarnation, status, params, result, error, deadline, create_time, update_time) VALUES (?, 'stop', 'acme', ?, 'bench', '', 'IN_PROGRESS', '{}', '', '', ?, ?, ?)",
 		job, id, now.Add(time.Hour), now, now); err != nil {
 		return err
 	}
@@ -168,4 +171,70 @@ func rawOrphans(ctx context.Context, r *sql.DB) (int, error) {
 		n++
 	}
 	return n, rows.Err()
+}
+
+// rawStopJob is the transactions a stop's job of a 1+2 cluster runs after
+// its claim (rawClaim's, job id job), at their barest: a transaction per
+// step (three: the job's progress, and a row of a change log beside it,
+// as clusterd's feed has), then the end: the cluster's and the job's rows
+// read, the cluster's compare-and-set to STOPPED, a change row, the job
+// ended. The change rows go to a table of the baseline's own
+// (bench_raw_changes), which nothing of clusterd's reads.
+func rawStopJob(ctx context.Context, db, r *sql.DB, id, job string) error {
+	for step := 1; step <= 3; step++ {
+		if err := inTx(ctx, db, func(tx *sql.Tx) error {
+			now := time.Now().UTC().Truncate(time.Microsecond)
+			if _, err := tx.ExecContext(ctx, "UPDATE jobs SET step = ?, steps_done = ?, steps_total = 3, update_time = ? WHERE id = ? AND status = 'IN_PROGRESS'",
+				fmt.Sprintf("power_off#%d", step), step, now, job); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, "INSERT INTO bench_raw_changes (cluster_id, job_id, kind, time) VALUES (?, ?, 'step', ?)", id, job, now)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return inTx(ctx, db, func(tx *sql.Tx) error {
+		var (
+			state  string
+			ver    int64
+			status string
+		)
+		if err := tx.QueryRowContext(ctx, "SELECT state, version FROM clusters WHERE id = ?", id).Scan(&state, &ver); err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, "SELECT status FROM jobs WHERE id = ?", job).Scan(&status); err != nil {
+			return err
+		}
+		now := time.Now().UTC().Truncate(time.Microsecond)
+		res, err := tx.ExecContext(ctx, "UPDATE clusters SET state = 'STOPPED', version = ?, current_operation = '', update_time = ? WHERE id = ? AND state = ? AND version = ? AND current_operation = ?",
+			ver+1, now, id, state, ver, job)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return errLost
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO bench_raw_changes (cluster_id, job_id, kind, time) VALUES (?, ?, 'end', ?)", id, job, now); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, "UPDATE jobs SET status = 'SUCCEEDED', end_time = ?, update_time = ? WHERE id = ? AND status = 'IN_PROGRESS'", now, now, job)
+		return err
+	})
+}
+
+// rawJobID is the job id rawClaim gives claim n.
+func rawJobID(n int64) string { return fmt.Sprintf("02000000-0000-7000-a000-%012d", n) }
+
+// inTx runs fn in a transaction of db, committed if fn succeeds.
+func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
 }

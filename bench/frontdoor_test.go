@@ -24,28 +24,30 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 )
 
 // The front door: bin/clusterd, built from this tree, in a process of its
 // own on the benchmark's database, driven by 8 gRPC callers (and one REST
-// case) like a user's client, beside the same raw baselines as the
-// in-process benchmarks, through the same number of connections, in the
-// same run. Identities are on (a token file, an admin token), so every call
-// passes the whole interceptor chain. The server parks the jobs it accepts
-// (--sim-step-delay 1h): admission is measured alone, as in
-// BenchmarkAdmission. Beside throughput, the CPU each call cost: clusterd's
-// process, the database server's (MariaDB; SQLite runs inside clusterd) and
-// the calling process's (the gRPC client, or the raw side's driver), read
-// from /proc around each run. With -bench.profile DIR, a 5 s CPU profile of
-// clusterd under the same load is written per measure through
-// --debug-addr, after the measured runs.
+// case) like a user's client, beside raw baselines through as many
+// connections, in the same run. Identities are on (a token file, an admin
+// token), so every call passes the whole interceptor chain. One process
+// parks the jobs it accepts (--sim-step-delay 1h): admission alone, reads
+// and lists. A second runs them at once (0s): admission while jobs run,
+// and operations carried to their end. Beside throughput, the CPU each
+// call cost: clusterd's process, the database server's (MariaDB; SQLite
+// runs inside clusterd) and the calling process's (the gRPC client, or the
+// raw side's driver), read from /proc around each run. With -bench.profile
+// DIR, a 5 s CPU profile of clusterd under the same calls is written per
+// measure through --debug-addr, after the measured runs.
 
 var profileDir = flag.String("bench.profile", "", "write a CPU profile of bin/clusterd per front-door measure into this folder")
 
@@ -53,6 +55,7 @@ var profileDir = flag.String("bench.profile", "", "write a CPU profile of bin/cl
 type frontDoor struct {
 	cmd      *exec.Cmd
 	clusters clv1.ClusterLifecycleClient
+	ops      longrunningpb.OperationsClient
 	conn     *grpc.ClientConn
 	gateway  string // http://host:port of the REST gateway
 	debug    string // host:port of --debug-addr
@@ -85,29 +88,18 @@ func clusterdBinary(b *testing.B) string {
 	return binPath
 }
 
-var (
-	doorsMu sync.Mutex
-	doors   = map[string]*frontDoor{}
-)
-
-// getFrontDoor returns the process's clusterd on env e's database, started
-// on first use and killed when the process ends.
-func getFrontDoor(b *testing.B, e *env) *frontDoor {
-	doorsMu.Lock()
-	defer doorsMu.Unlock()
-	if d := doors[e.backend]; d != nil {
-		return d
-	}
+// startFrontDoor starts clusterd on env e's database, killed when the
+// benchmark b ends. stepDelay is its --sim-step-delay: 1h parks the jobs it
+// accepts in their first step, 0s runs them at once.
+func startFrontDoor(b *testing.B, e *env, stepDelay string) *frontDoor {
 	bin := clusterdBinary(b)
-	dir, err := os.MkdirTemp("", "clusterd-bench-door-")
-	must(b, err)
-	cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
+	dir := b.TempDir()
 	token := randomHex(b, 32)
 	sum := sha256.Sum256([]byte(token))
 	tokens := filepath.Join(dir, "tokens")
 	must(b, os.WriteFile(tokens, []byte("sha256:"+hex.EncodeToString(sum[:])+" acme admin\n"), 0o600))
 	key := make([]byte, 32)
-	_, err = rand.Read(key)
+	_, err := rand.Read(key)
 	must(b, err)
 	keys := filepath.Join(dir, "secrets-key")
 	must(b, os.WriteFile(keys, []byte("k1 "+base64.StdEncoding.EncodeToString(key)+"\n"), 0o600))
@@ -115,16 +107,16 @@ func getFrontDoor(b *testing.B, e *env) *frontDoor {
 	d := &frontDoor{gateway: "http://" + httpAddr, debug: debugAddr, token: token, log: filepath.Join(dir, "clusterd.log")}
 	logFile, err := os.Create(d.log)
 	must(b, err)
-	d.cmd = exec.Command(bin, "--database", e.dsn, "--server-id", "door-"+e.backend,
+	d.cmd = exec.Command(bin, "--database", e.dsn, "--server-id", "door-"+e.backend+"-"+stepDelay,
 		"--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--debug-addr", debugAddr,
 		"--auth-tokens", tokens, "--secrets-key-file", keys,
-		// Accepted jobs wait in their first step; peers (the in-process
-		// benchmarks' server) are never taken for dead.
-		"--sim-step-delay", "1h", "--peer-timeout", "24h", "--log-level", "WARN")
+		// Peers (the in-process benchmarks' server, the other front door)
+		// are never taken for dead.
+		"--sim-step-delay", stepDelay, "--peer-timeout", "24h", "--log-level", "WARN")
 	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	must(b, d.cmd.Start())
-	cleanups = append(cleanups, func() {
+	b.Cleanup(func() {
 		_ = d.cmd.Process.Kill()
 		_ = d.cmd.Wait()
 		_ = logFile.Close()
@@ -135,13 +127,13 @@ func getFrontDoor(b *testing.B, e *env) *frontDoor {
 	d.conn, err = grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	must(b, err)
 	d.clusters = clv1.NewClusterLifecycleClient(d.conn)
+	d.ops = longrunningpb.NewOperationsClient(d.conn)
 	d.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}, Timeout: 30 * time.Second}
 	// Serving once a request for a cluster that does not exist answers.
 	var last error
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		_, last = d.clusters.GetCluster(d.ctx(), &clv1.GetClusterRequest{Name: "clusters/01000000-0000-7000-8000-000000000000"})
 		if status.Code(last) == codes.NotFound {
-			doors[e.backend] = d
 			return d
 		}
 	}
@@ -177,6 +169,19 @@ func (d *frontDoor) getREST(id string) error {
 	return nil
 }
 
+// stopAndWait stops cluster id and waits for the stop to end, which must
+// succeed.
+func (d *frontDoor) stopAndWait(id string) error {
+	op, err := d.clusters.StopCluster(d.ctx(), &clv1.StopClusterRequest{Name: "clusters/" + id})
+	for err == nil && !op.GetDone() {
+		op, err = d.ops.WaitOperation(d.ctx(), &longrunningpb.WaitOperationRequest{Name: op.GetName(), Timeout: durationpb.New(time.Minute)})
+	}
+	if err == nil && op.GetError() != nil {
+		err = fmt.Errorf("stop of %s failed: %v", id, op.GetError())
+	}
+	return err
+}
+
 // profile writes a 5 s CPU profile of clusterd, taken while load runs, to
 // the -bench.profile folder.
 func (d *frontDoor) profile(b *testing.B, name string, load func(stop <-chan struct{})) {
@@ -206,57 +211,117 @@ func (d *frontDoor) profile(b *testing.B, name string, load func(stop <-chan str
 	must(b, err)
 }
 
+// frontMeasure is one pair of BenchmarkFrontDoor.
+type frontMeasure struct {
+	name string
+	door *frontDoor
+	// pool gives n clusters of their own to calls that each change one
+	// (op's i indexes them); nil for calls that change none.
+	pool         func(b *testing.B, n int) []string
+	service, raw func(taken []string) func(i int) error
+}
+
 func BenchmarkFrontDoor(b *testing.B) {
 	for _, be := range backends(b) {
 		e := getEnv(b, be, "ops")
-		d := getFrontDoor(b, e)
+		_, err := e.rawW.Exec("CREATE TABLE IF NOT EXISTS bench_raw_changes (cluster_id VARCHAR(36) NOT NULL, job_id VARCHAR(36) NOT NULL, kind VARCHAR(16) NOT NULL, time DATETIME(6) NOT NULL)")
+		must(b, err)
+		parked, running := startFrontDoor(b, e, "1h"), startFrontDoor(b, e, "0s")
 		ids := e.seedRunning(b, 1000, 3)
 		e.seedRunning(b, 200, 3) // a page of 100 to list is always there
 		pick := func() string { return ids[mrand.IntN(len(ids))] }
-		measures := []struct {
-			name string
-			// consumes: every call changes a cluster of its own (taken
-			// from the pool of RUNNING ones), which op's i indexes.
-			consumes     bool
-			service, raw func(taken []string) func(i int) error
-		}{
+		bare := func(b *testing.B, n int) []string { return e.take(b, n) }
+		threeMachines := func(b *testing.B, n int) []string { return e.seedRunning(b, n, 3) }
+		// Jobs the raw side runs in the background, as a runner would.
+		var (
+			jobs    sync.WaitGroup
+			jobErrs atomic.Int64
+			jobLast atomic.Value
+		)
+		rawGetOp := func([]string) func(int) error {
+			return func(int) error { return rawGet(context.Background(), e.rawR, pick(), true) }
+		}
+		claims := func(taken []string) (base int64) { return seq.Add(int64(len(taken))) - int64(len(taken)) + 1 }
+		measures := []frontMeasure{
 			{
-				name: "admission-parked", consumes: true,
+				name: "admission-parked", door: parked, pool: bare,
 				service: func(taken []string) func(int) error {
 					return func(i int) error {
-						_, err := d.clusters.StopCluster(d.ctx(), &clv1.StopClusterRequest{Name: "clusters/" + taken[i]})
+						_, err := parked.clusters.StopCluster(parked.ctx(), &clv1.StopClusterRequest{Name: "clusters/" + taken[i]})
 						return err
 					}
 				},
 				raw: func(taken []string) func(int) error {
-					base := seq.Add(int64(len(taken))) - int64(len(taken)) + 1 // job ids of its own
+					base := claims(taken)
 					return func(i int) error { return rawClaim(context.Background(), e.rawW, e.rawR, taken[i], base+int64(i)) }
 				},
 			},
 			{
-				name: "get",
-				service: func([]string) func(int) error {
-					return func(int) error {
-						_, err := d.clusters.GetCluster(d.ctx(), &clv1.GetClusterRequest{Name: "clusters/" + pick()})
+				// Stops of 1+2 clusters whose jobs run (and the simulator's
+				// writes with them, in the same database) while more are
+				// accepted; the baseline claims and hands each job's
+				// transactions (rawStopJob) to a goroutine.
+				name: "admission-running", door: running, pool: threeMachines,
+				service: func(taken []string) func(int) error {
+					return func(i int) error {
+						_, err := running.clusters.StopCluster(running.ctx(), &clv1.StopClusterRequest{Name: "clusters/" + taken[i]})
 						return err
 					}
 				},
-				raw: func([]string) func(int) error {
-					return func(int) error { return rawGet(context.Background(), e.rawR, pick(), true) }
+				raw: func(taken []string) func(int) error {
+					base := claims(taken)
+					return func(i int) error {
+						if err := rawClaim(context.Background(), e.rawW, e.rawR, taken[i], base+int64(i)); err != nil {
+							return err
+						}
+						jobs.Go(func() {
+							if err := rawStopJob(context.Background(), e.rawW, e.rawR, taken[i], rawJobID(base+int64(i))); err != nil {
+								jobErrs.Add(1)
+								jobLast.Store(err.Error())
+							}
+						})
+						return nil
+					}
 				},
 			},
 			{
-				name:    "get-rest",
-				service: func([]string) func(int) error { return func(int) error { return d.getREST(pick()) } },
-				raw: func([]string) func(int) error {
-					return func(int) error { return rawGet(context.Background(), e.rawR, pick(), true) }
+				// Each caller stops a 1+2 cluster and waits for the stop to
+				// end (WaitOperation) before the next; the baseline runs the
+				// claim and the job's transactions in turn.
+				name: "carried-to-end", door: running, pool: threeMachines,
+				service: func(taken []string) func(int) error {
+					return func(i int) error { return running.stopAndWait(taken[i]) }
+				},
+				raw: func(taken []string) func(int) error {
+					base := claims(taken)
+					return func(i int) error {
+						if err := rawClaim(context.Background(), e.rawW, e.rawR, taken[i], base+int64(i)); err != nil {
+							return err
+						}
+						return rawStopJob(context.Background(), e.rawW, e.rawR, taken[i], rawJobID(base+int64(i)))
+					}
 				},
 			},
 			{
-				name: "list-page100",
+				name: "get", door: parked,
 				service: func([]string) func(int) error {
 					return func(int) error {
-						_, err := d.clusters.ListClusters(d.ctx(), &clv1.ListClustersRequest{PageSize: 100})
+						_, err := parked.clusters.GetCluster(parked.ctx(), &clv1.GetClusterRequest{Name: "clusters/" + pick()})
+						return err
+					}
+				},
+				raw: rawGetOp,
+			},
+			{
+				name: "get-rest", door: parked,
+				service: func([]string) func(int) error { return func(int) error { return parked.getREST(pick()) } },
+				raw:     rawGetOp,
+			},
+			{
+				name: "list-page100", door: parked,
+				service: func([]string) func(int) error {
+					return func(int) error {
+						_, err := parked.clusters.ListClusters(parked.ctx(), &clv1.ListClustersRequest{PageSize: 100})
 						return err
 					}
 				},
@@ -267,19 +332,23 @@ func BenchmarkFrontDoor(b *testing.B) {
 		}
 		for _, m := range measures {
 			take := func(b *testing.B, n int) []string {
-				if !m.consumes {
+				if m.pool == nil {
 					return nil
 				}
-				return e.take(b, n)
+				return m.pool(b, n)
 			}
 			b.Run(fmt.Sprintf("%s/%s/clients=8", be.Name, m.name), func(b *testing.B) {
 				b.Run("service", func(b *testing.B) {
 					op := m.service(take(b, b.N))
-					cpuTimed(b, d.cmd.Process.Pid, be.Name, e.dsn, func() { timed(b, 8, op) })
+					cpuTimed(b, m.door.cmd.Process.Pid, be.Name, e.dsn, func() { timed(b, 8, op) })
 				})
 				b.Run("raw", func(b *testing.B) {
 					op := m.raw(take(b, b.N))
 					cpuTimed(b, os.Getpid(), be.Name, e.dsn, func() { timed(b, 8, op) })
+					jobs.Wait()
+					if n := jobErrs.Swap(0); n > 0 {
+						b.Fatalf("%d raw jobs failed, the last: %v", n, jobLast.Load())
+					}
 				})
 				resultsMu.Lock()
 				profiled := doneProfiles[b.Name()]
@@ -288,34 +357,37 @@ func BenchmarkFrontDoor(b *testing.B) {
 				if profiled || *profileDir == "" {
 					return
 				}
-				// 5 s of the same calls, on clusters of their own: at most
-				// 4,000 a second.
-				taken := take(b, 20000)
-				op := m.service(taken)
-				var next atomic.Int64
-				d.profile(b, b.Name(), func(stop <-chan struct{}) {
-					var wg sync.WaitGroup
-					for range 8 {
-						wg.Go(func() {
-							for {
-								select {
-								case <-stop:
-									return
-								default:
-								}
-								i := int(next.Add(1) - 1)
-								if m.consumes && i >= len(taken) {
-									return
-								}
-								_ = op(i)
-							}
-						})
-					}
-					wg.Wait()
-				})
+				m.door.profileLoad(b, b.Name(), take(b, 8000), m.service, m.pool != nil)
 			})
 		}
 	}
+}
+
+// profileLoad profiles clusterd for 5 s under 8 callers of service, on
+// the clusters taken (until they run out) when every call changes one.
+func (d *frontDoor) profileLoad(b *testing.B, name string, taken []string, service func([]string) func(int) error, consumes bool) {
+	op := service(taken)
+	var next atomic.Int64
+	d.profile(b, name, func(stop <-chan struct{}) {
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					i := int(next.Add(1) - 1)
+					if consumes && i >= len(taken) {
+						return
+					}
+					_ = op(i)
+				}
+			})
+		}
+		wg.Wait()
+	})
 }
 
 // doneProfiles: the measures already profiled (once a process).
