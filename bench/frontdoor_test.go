@@ -90,7 +90,10 @@ func clusterdBinary(b *testing.B) string {
 
 // startFrontDoor starts clusterd on env e's database, killed when the
 // benchmark b ends. stepDelay is its --sim-step-delay: 1h parks the jobs it
-// accepts in their first step, 0s runs them at once.
+// accepts in their first step, 0s runs them at once. Each process has a
+// server id of its own: the jobs an earlier one parked stay with it (dead,
+// and never adopted with --peer-timeout 24h) rather than being recovered
+// by the next one while it is measured.
 func startFrontDoor(b *testing.B, e *env, stepDelay string) *frontDoor {
 	bin := clusterdBinary(b)
 	dir := b.TempDir()
@@ -107,7 +110,7 @@ func startFrontDoor(b *testing.B, e *env, stepDelay string) *frontDoor {
 	d := &frontDoor{gateway: "http://" + httpAddr, debug: debugAddr, token: token, log: filepath.Join(dir, "clusterd.log")}
 	logFile, err := os.Create(d.log)
 	must(b, err)
-	d.cmd = exec.Command(bin, "--database", e.dsn, "--server-id", "door-"+e.backend+"-"+stepDelay,
+	d.cmd = exec.Command(bin, "--database", e.dsn, "--server-id", fmt.Sprintf("door-%s-%s-%d", e.backend, stepDelay, seq.Add(1)),
 		"--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--debug-addr", debugAddr,
 		"--auth-tokens", tokens, "--secrets-key-file", keys,
 		// Peers (the in-process benchmarks' server, the other front door)
