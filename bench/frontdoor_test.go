@@ -431,15 +431,7 @@ func cpuTimed(b *testing.B, pid int, backend, dsn string, run func()) {
 
 // lastCPU is, per run of name, the CPU of its last measurement (see runs).
 func lastCPU(name string) []cpuUse {
-	var out []cpuUse
-	for _, u := range cpuResults[name] {
-		if u.n == 1 || len(out) == 0 {
-			out = append(out, u)
-			continue
-		}
-		out[len(out)-1] = u
-	}
-	return out
+	return lastOfRuns(cpuResults[name], func(u cpuUse) int { return u.n })
 }
 
 // reportCPU prints the CPU per call of each front-door pair.

@@ -47,9 +47,15 @@ func record(b *testing.B, ops float64, p99 time.Duration) {
 // runs returns the measurement of each run of name: the last of each
 // sequence that starts at b.N = 1.
 func runs(name string) []result {
-	var out []result
-	for _, r := range results[name] {
-		if r.n == 1 || len(out) == 0 {
+	return lastOfRuns(results[name], func(r result) int { return r.n })
+}
+
+// lastOfRuns keeps, of measurements in call order, the last of each
+// sequence that starts at b.N = 1 (n gives a measurement's b.N).
+func lastOfRuns[T any](all []T, n func(T) int) []T {
+	var out []T
+	for _, r := range all {
+		if n(r) == 1 || len(out) == 0 {
 			out = append(out, r)
 			continue
 		}
