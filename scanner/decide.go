@@ -225,7 +225,7 @@ func livenessCutoff(began time.Time, peerTimeout time.Duration, heldSince time.T
 // suspectJobs are this server's own IN_PROGRESS jobs (own) that its runner
 // does not run (running, listed before own was read), with the update time
 // each had.
-func suspectJobs(own []repository.Job, running []string) map[string]time.Time {
+func suspectJobs(own []repository.JobStamp, running []string) map[string]time.Time {
 	runs := map[string]bool{}
 	for _, id := range running {
 		runs[id] = true

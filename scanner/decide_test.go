@@ -178,7 +178,7 @@ func TestLivenessCutoff(t *testing.T) {
 // the runner, and unchanged.
 func TestDecideLost(t *testing.T) {
 	t1, t2 := time.Unix(100, 0), time.Unix(200, 0)
-	own := []repository.Job{{ID: "a", UpdateTime: t1}, {ID: "b", UpdateTime: t1}, {ID: "c", UpdateTime: t2}, {ID: "d", UpdateTime: t1}}
+	own := []repository.JobStamp{{ID: "a", UpdateTime: t1}, {ID: "b", UpdateTime: t1}, {ID: "c", UpdateTime: t2}, {ID: "d", UpdateTime: t1}}
 	cur := suspectJobs(own, []string{"d"})
 	if want := map[string]time.Time{"a": t1, "b": t1, "c": t2}; len(cur) != len(want) || !cur["a"].Equal(t1) || !cur["c"].Equal(t2) || cur["d"] != (time.Time{}) {
 		t.Fatalf("suspects = %v; want %v (the running job d left out)", cur, want)

@@ -41,7 +41,7 @@ import (
 type Store interface {
 	AdoptableJobs(ctx context.Context, q repository.AdoptableQuery) ([]repository.Job, error)
 	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, offer *repository.Offer, restartedErr, stoppedErr string) (restarted, stopped int64, err error)
-	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.Job, error)
+	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.JobStamp, error)
 	FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error
 	Orphans(ctx context.Context, limit int) ([]repository.Cluster, map[string]repository.Job, error)
 	InProgressJobsWithoutResource(ctx context.Context) ([]repository.Job, error)
