@@ -19,6 +19,11 @@ import (
 // process on the same database (BenchmarkFrontDoor's) never takes it for a
 // dead server's and adopts it.
 func rawClaim(ctx context.Context, db *sql.DB, r *sql.DB, id string, n int64) error {
+	return retryBusy(func() error { return rawClaimOnce(ctx, db, r, id, n) })
+}
+
+// rawClaimOnce is one attempt of rawClaim.
+func rawClaimOnce(ctx context.Context, db *sql.DB, r *sql.DB, id string, n int64) error {
 	var (
 		state, op string
 		version   int64
@@ -226,15 +231,32 @@ func rawStopJob(ctx context.Context, db, r *sql.DB, id, job string) error {
 // rawJobID is the job id rawClaim gives claim n.
 func rawJobID(n int64) string { return fmt.Sprintf("02000000-0000-7000-a000-%012d", n) }
 
-// inTx runs fn in a transaction of db, committed if fn succeeds.
+// inTx runs fn in a transaction of db, committed if fn succeeds; a
+// transaction SQLite refused as busy is run again (retryBusy).
 func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
+	return retryBusy(func() error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		if err := fn(tx); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// retryBusy runs fn again while SQLite answers that the database is locked
+// (SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT), as the repository does: with a
+// bin/clusterd writing the same file from its own process, the busy
+// timeout alone does not serialise the two writers.
+func retryBusy(fn func() error) error {
+	for try := 1; ; try++ {
+		err := fn()
+		if err == nil || try == 100 || !strings.Contains(err.Error(), "database is locked") {
+			return err
+		}
+		time.Sleep(time.Duration(try) * time.Millisecond)
 	}
-	defer func() { _ = tx.Rollback() }()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	return tx.Commit()
 }
