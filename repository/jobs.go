@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"gorm.io/gorm"
@@ -272,22 +271,33 @@ func (s *Store) RequestCancel(ctx context.Context, jobID string) (Job, error) {
 	return s.GetJob(ctx, jobID)
 }
 
-// CancelRequested returns which of the jobs ids are IN_PROGRESS with a
-// cancellation requested, in one query per thousand ids: a runner asks it of
-// the jobs it runs, so that a cancel sent through another server reaches a
-// step in flight (runner.Config.WatchCancels) rather than waiting for the
-// job's next step.
+// CancelRequested returns, in id order, which of the jobs ids are
+// IN_PROGRESS with a cancellation requested: a runner asks it of the jobs
+// it runs, so that a cancel sent through another server reaches a step in
+// flight (runner.Config.WatchCancels) rather than waiting for the job's
+// next step. It reads the cancelled jobs in progress (jobs_status_cancel),
+// which are few, whatever the number of ids, and keeps those asked about:
+// a server running thousands of jobs asks every heartbeat.
 func (s *Store) CancelRequested(ctx context.Context, ids []string) ([]string, error) {
-	var out []string
-	for chunk := range slices.Chunk(ids, 1000) {
-		var found []string
-		err := s.rdb.WithContext(ctx).Model(&jobRow{}).
-			Where("id IN ? AND status = ? AND cancel_requested = ?", chunk, string(JobInProgress), true).
-			Order("id").Pluck("id", &found).Error
-		if err != nil {
-			return nil, fmt.Errorf("read cancellations of %d jobs: %w", len(ids), classify(err))
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var found []string
+	err := s.rdb.WithContext(ctx).Model(&jobRow{}).
+		Where("status = ? AND cancel_requested = ?", string(JobInProgress), true).
+		Order("id").Pluck("id", &found).Error
+	if err != nil {
+		return nil, fmt.Errorf("read cancellations of %d jobs: %w", len(ids), classify(err))
+	}
+	asked := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		asked[id] = true
+	}
+	out := found[:0]
+	for _, id := range found {
+		if asked[id] {
+			out = append(out, id)
 		}
-		out = append(out, found...)
 	}
 	return out, nil
 }

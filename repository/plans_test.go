@@ -126,6 +126,10 @@ func TestScanQueryPlans(t *testing.T) {
 					return err
 				}},
 				{"own jobs", nil, func() error { _, err := s.OwnJobsInProgress(ctx, self); return err }},
+				{"cancel requests", []string{"jobs_status_cancel"}, func() error {
+					_, err := s.CancelRequested(ctx, []string{"00000000-0000-7000-9000-000000000001"})
+					return err
+				}},
 				{"orphans", []string{"clusters_current_operation", "clusters_state_operation"}, func() error {
 					cs, _, err := s.Orphans(ctx, 1000)
 					if err == nil && len(cs) != 3000/100 {
