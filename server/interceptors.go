@@ -2,9 +2,13 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
+	"strings"
+	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
@@ -31,14 +35,7 @@ func (s *Server) interceptors() []grpc.ServerOption {
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, withoutPeer(fields)...)
 	})
-	// A successful call is logged at DEBUG (one INFO line per read was most
-	// of what a busy server wrote); refusals and errors at their usual levels.
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(func(c codes.Code) logging.Level {
-		if c == codes.OK {
-			return logging.LevelDebug
-		}
-		return logging.DefaultServerCodeToLevel(c)
-	})}
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(callLevel)}
 	inner := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
@@ -53,7 +50,7 @@ func (s *Server) interceptors() []grpc.ServerOption {
 			recovery.UnaryServerInterceptor(outer),
 			unaryRequestInfo(),
 			s.metrics.grpc.UnaryServerInterceptor(),
-			logging.UnaryServerInterceptor(logger, logOpts...),
+			unaryCallLog(log),
 			s.metrics.refusals(),
 			unaryErrors(log),
 			s.unaryAuth(),
@@ -68,6 +65,52 @@ func (s *Server) interceptors() []grpc.ServerOption {
 			s.streamAuth(),
 			recovery.StreamServerInterceptor(inner),
 		),
+	}
+}
+
+// callLevel is the level of a call's "finished call" line: DEBUG for a
+// successful call (one INFO line per read was most of what a busy server
+// wrote), and refusals and errors at go-grpc-middleware's usual levels.
+func callLevel(c codes.Code) logging.Level {
+	if c == codes.OK {
+		return logging.LevelDebug
+	}
+	return logging.DefaultServerCodeToLevel(c)
+}
+
+// unaryCallLog writes a unary call's "finished call" line with the fields
+// go-grpc-middleware's logging interceptor gives it (which the stream chain
+// keeps), but builds them only when the line's level is enabled: a server
+// at INFO pays a level check for a successful call, not a dozen formatted
+// fields and a context value (the library's interceptor, before this one,
+// cost 6.6% of clusterd's CPU, 16% of the RPC path's, in a GetCluster
+// through the front door on MariaDB).
+func unaryCallLog(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		logged := err
+		if errors.Is(logged, io.EOF) {
+			logged = nil
+		}
+		code := status.Code(logged)
+		lvl := slog.Level(callLevel(code))
+		if !log.Enabled(ctx, lvl) {
+			return resp, err
+		}
+		service, method, _ := strings.Cut(strings.TrimPrefix(info.FullMethod, "/"), "/")
+		fields := []any{"protocol", "grpc", "grpc.component", "server", "grpc.service", service, "grpc.method", method,
+			"grpc.method_type", "unary", "grpc.start_time", start.Format(time.RFC3339)}
+		if d, ok := ctx.Deadline(); ok {
+			fields = append(fields, "grpc.request.deadline", d.Format(time.RFC3339))
+		}
+		fields = append(fields, "grpc.code", code.String())
+		if logged != nil {
+			fields = append(fields, "grpc.error", fmt.Sprintf("%v", logged))
+		}
+		ms := float32(time.Since(start).Nanoseconds()/1000) / 1000
+		log.Log(ctx, lvl, "finished call", append(fields, "grpc.time_ms", fmt.Sprintf("%v", ms))...)
+		return resp, err
 	}
 }
 
