@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"cloud.google.com/go/longrunning/autogen/longrunningpb"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
@@ -711,10 +713,16 @@ func TestEffect_DeleteFailureIsRetried(t *testing.T) {
 	})
 }
 
+// A scale held in a step past its deadline ends DEADLINE_EXCEEDED, its
+// step released, the cluster in ALERT. The deadline must outlast the way
+// to the held step on a loaded machine (300 ms did not, under -race beside
+// two make test runs: the scale ended before it reached the hold, which
+// the test then waited for in vain), so it is 5 s; the wait for the hold
+// ends with the operation.
 func TestEffect_OperationDeadline(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
 		h := start(t, b, func(c *Config) {
-			c.Deadlines = service.Deadlines{Default: time.Hour, ByKind: map[string]time.Duration{"scale": 300 * time.Millisecond}}
+			c.Deadlines = service.Deadlines{Default: time.Hour, ByKind: map[string]time.Duration{"scale": 5 * time.Second}}
 		})
 		c := h.create(t, "web", 2)
 		fxFault(t, h, "provision_machine", clv1.Fault_HOLD, c.GetName(), 0)
@@ -722,7 +730,25 @@ func TestEffect_OperationDeadline(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fxWaitHeld(t, h, c.GetName(), "provision_machine")
+		heldCtx, cancel := context.WithCancel(tctx(t))
+		ended := make(chan struct{})
+		go func() {
+			defer close(ended)
+			defer cancel()
+			for heldCtx.Err() == nil {
+				got, err := h.clients.ops.WaitOperation(heldCtx, &longrunningpb.WaitOperationRequest{Name: op.GetName(), Timeout: durationpb.New(10 * time.Second)})
+				if err != nil || got.GetDone() {
+					return
+				}
+			}
+		}()
+		id := strings.TrimPrefix(c.GetName(), "clusters/")
+		_, err = h.srv.sim.WaitHeld(heldCtx, func(hd sim.Held) bool { return hd.Step == "provision_machine" && hd.ClusterID == id })
+		cancel()
+		<-ended
+		if err != nil {
+			t.Fatalf("the scale's provision_machine step was never held (the scale ended first, or 5 min passed): %v", err)
+		}
 		// Not released: only the deadline can end it.
 		done := fxFailed(t, h, op, nil)
 		if reason, _ := opErrorInfo(t, done.GetError()); done.GetError().GetCode() != int32(codes.DeadlineExceeded) || reason != service.ReasonDeadlineExceeded {
