@@ -82,13 +82,17 @@ type Metrics struct {
 // Passes skipped for want of a lease are not counted.
 func (s *Scanner) Metrics() Metrics {
 	c := &s.metrics
-	m := Metrics{
+	// The buckets are read before the passes: record counts a pass before
+	// its bucket, so the snapshot never holds more passes in a bucket than
+	// in all (a pass recorded between the two reads counts in Passes only).
+	var within [len(PassBuckets)]int64
+	for i := range c.passBuckets {
+		within[i] = c.passBuckets[i].Load()
+	}
+	return Metrics{
 		Passes: c.passes.Load(), JobsFailed: c.jobsFailed.Load(), Adopted: c.adopted.Load(), Recovered: c.recovered.Load(),
 		LostRaces: c.lostRaces.Load(), Purged: c.purged.Load(), Errors: c.errors.Load(),
 		LastPass: time.Duration(c.lastPassNanos.Load()), PassTotal: time.Duration(c.passNanos.Load()),
+		PassesWithin: within,
 	}
-	for i := range c.passBuckets {
-		m.PassesWithin[i] = c.passBuckets[i].Load()
-	}
-	return m
 }
