@@ -272,7 +272,7 @@ func newChaos(t *testing.T, cfg chaosConfig) *chaos {
 	t.Cleanup(func() { _ = c.repo.Close() })
 	c.raw = c.db.raw()
 	for i := range cfg.servers {
-		s := &slot{i: i, grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
+		s := &slot{i: i, grpcAddr: stableAddr(t), httpAddr: stableAddr(t)}
 		c.slots = append(c.slots, s)
 		c.launch(s)
 		// One connection per address, kept across restarts; a short

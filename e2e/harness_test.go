@@ -6,12 +6,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -242,6 +244,44 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// stableAddr is a free loopback address for a process the test restarts on
+// the same address (stablePort).
+func stableAddr(t *testing.T) string {
+	t.Helper()
+	return fmt.Sprintf("127.0.0.1:%d", stablePort(t))
+}
+
+// stablePort picks a free loopback port between 28000 and the kernel's
+// ephemeral range (ip_local_port_range, from 32768 by default), for a
+// process the test restarts on the same port. A port of the ephemeral
+// range, free while its process is down, may be taken by any process's
+// outgoing connection or :0 listener (a chaos soak beside another make test
+// lost a restart so: "bind: address already in use"); one below it only by
+// a process that chose it. The Galera clusters of the tests and of make
+// test keep below 28000 (galeraBases, scripts/test.sh).
+func stablePort(t *testing.T) int {
+	t.Helper()
+	high := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 28100 {
+				high = n
+			}
+		}
+	}
+	for range 500 {
+		p := 28000 + rand.IntN(high-28000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return p
+	}
+	t.Fatalf("no free port from 28000 to %d", high)
+	return 0
 }
 
 // readLog returns a process's log without the per-request lines of

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -83,7 +82,7 @@ func startPrivateMariaDB(t *testing.T) *privateMariaDB {
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", mariadbInstall, err, out)
 	}
-	m.port = freePort(t)
+	m.port = stablePort(t) // restarted on it
 	m.start()
 	t.Cleanup(func() {
 		m.kill()
@@ -102,16 +101,6 @@ func skipOrFail(t *testing.T, format string, args ...any) {
 		t.Fatalf(format, args...)
 	}
 	t.Skipf(format, args...)
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func tail(s string, n int) string {
