@@ -9,11 +9,15 @@ import (
 	"github.com/clusterd/clusterd/repository"
 )
 
-// openDatabase opens the store (and migrates it), waiting up to
-// DatabaseWait for a database that is down or not answering yet, as it is
-// when clusterd and its database start together: each attempt is bounded
-// and logged with its error; a DSN that cannot be right fails at once.
-func openDatabase(ctx context.Context, cfg Config) (*repository.Store, error) {
+// openDatabase opens the store (and migrates it), then runs prepare on it
+// (the rest of start-up's database work: the simulator's schema, the
+// catalog's seed), waiting up to DatabaseWait for a database that is down
+// or not answering yet, as it is when clusterd and its database start
+// together, or that goes away in the middle (a restart of the database
+// while clusterd starts): an attempt that meets an unavailable database
+// closes what it opened and is made again, bounded and logged with its
+// error. A DSN that cannot be right, or any other error, fails at once.
+func openDatabase(ctx context.Context, cfg Config, prepare func(context.Context, *repository.Store) error) (*repository.Store, error) {
 	began := time.Now()
 	deadline := began.Add(cfg.DatabaseWait)
 	backoff := 500 * time.Millisecond
@@ -25,6 +29,14 @@ func openDatabase(ctx context.Context, cfg Config) (*repository.Store, error) {
 			// recovering what it held: MariaDB ends it well before they act.
 			repository.WithIdleTransactionTimeout(cfg.PeerTimeout/2))
 		cancel()
+		if err == nil && prepare != nil {
+			if err = prepare(ctx, store); err != nil {
+				_ = store.Close()
+				if !errors.Is(err, repository.ErrUnavailable) {
+					return nil, err
+				}
+			}
+		}
 		switch {
 		case err == nil:
 			if attempt > 1 {

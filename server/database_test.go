@@ -2,12 +2,15 @@ package server
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/clusterd/clusterd/internal/syncbuf"
+	"github.com/clusterd/clusterd/repository"
 )
 
 // lockedBuffer is a log destination safe for concurrent writes.
@@ -63,5 +66,36 @@ func newWithin(t *testing.T, limit time.Duration, cfg Config) error {
 		<-done
 		t.Fatalf("New still waiting for %s after %s", cfg.Database, limit)
 		return nil
+	}
+}
+
+// Start-up's database work after the open (the simulator's schema, the
+// catalog's seed) is waited for too: an attempt whose work meets an
+// unavailable database (the database restarted while clusterd started)
+// closes the store and is made again; any other error fails at once.
+func TestStartRetriesWorkTheDatabaseCutShort(t *testing.T) {
+	dsn := "sqlite:" + t.TempDir() + "/c.db"
+	logs := &lockedBuffer{}
+	cfg := Config{Database: dsn, ServerID: "s", DatabaseWait: time.Minute, Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	calls := 0
+	store, err := openDatabase(t.Context(), cfg, func(ctx context.Context, s *repository.Store) error {
+		calls++
+		if calls == 1 {
+			return fmt.Errorf("simulator schema: %w: invalid connection", repository.ErrUnavailable)
+		}
+		return s.SeedCatalog(ctx, nil, nil)
+	})
+	if err != nil {
+		t.Fatalf("openDatabase: %v; want the second attempt to succeed", err)
+	}
+	_ = store.Close()
+	if calls != 2 || !strings.Contains(logs.String(), "database not reachable yet; waiting") {
+		t.Errorf("prepare ran %d times, log:\n%s\nwant 2 attempts, the first logged", calls, logs)
+	}
+
+	calls = 0
+	boom := errors.New("catalog: a version is malformed")
+	if _, err := openDatabase(t.Context(), cfg, func(context.Context, *repository.Store) error { calls++; return boom }); !errors.Is(err, boom) || calls != 1 {
+		t.Errorf("openDatabase with a failing prepare: %v after %d attempts; want %v at once", err, calls, boom)
 	}
 }

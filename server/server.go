@@ -211,7 +211,21 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.store, err = openDatabase(ctx, cfg); err != nil {
+	// The flags' versions and offerings fill an empty catalog only; once
+	// it holds entries, admins manage it through the Catalog service.
+	catalog := service.DefaultCatalog()
+	if cfg.Catalog != nil {
+		catalog = *cfg.Catalog
+	}
+	versions, offerings := catalog.Seed()
+	s.store, err = openDatabase(ctx, cfg, func(ctx context.Context, store *repository.Store) error {
+		// The simulator's own tables, beside clusterd's (sim.Migrate).
+		if err := sim.Migrate(ctx, store); err != nil {
+			return err
+		}
+		return store.SeedCatalog(ctx, versions, offerings)
+	})
+	if err != nil {
 		return nil, err
 	}
 	cleanup := func() { _ = s.store.Close() }
@@ -220,22 +234,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			cleanup()
 			return nil, err
 		}
-	}
-	// The simulator's own tables, beside clusterd's (sim.Migrate).
-	if err := sim.Migrate(ctx, s.store); err != nil {
-		cleanup()
-		return nil, err
-	}
-	// The flags' versions and offerings fill an empty catalog only; once
-	// it holds entries, admins manage it through the Catalog service.
-	catalog := service.DefaultCatalog()
-	if cfg.Catalog != nil {
-		catalog = *cfg.Catalog
-	}
-	versions, offerings := catalog.Seed()
-	if err := s.store.SeedCatalog(ctx, versions, offerings); err != nil {
-		cleanup()
-		return nil, err
 	}
 	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		cleanup()
