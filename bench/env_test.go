@@ -86,7 +86,9 @@ var (
 func backends(b *testing.B) []repotest.Backend { return repotest.Backends(b) }
 
 // getEnv returns the process's env of backend be for purpose ("ops": the
-// RPC benchmarks, "scan": the scanner's fleet), made on first use. Its
+// RPC benchmarks, "scan": the scanner's fleet, "frontdoor": the front
+// door's, so what it measures does not depend on which benchmarks ran
+// before it in the process), made on first use. Its
 // databases outlive the benchmark that made it (they are dropped when the
 // process ends).
 func getEnv(b *testing.B, be repotest.Backend, purpose string) *env {

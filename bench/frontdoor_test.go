@@ -228,7 +228,7 @@ type frontMeasure struct {
 
 func BenchmarkFrontDoor(b *testing.B) {
 	for _, be := range backends(b) {
-		e := getEnv(b, be, "ops")
+		e := getEnv(b, be, "frontdoor")
 		_, err := e.rawW.Exec("CREATE TABLE IF NOT EXISTS bench_raw_changes (cluster_id VARCHAR(36) NOT NULL, job_id VARCHAR(36) NOT NULL, kind VARCHAR(16) NOT NULL, time DATETIME(6) NOT NULL)")
 		must(b, err)
 		parked, running := startFrontDoor(b, e, "1h"), startFrontDoor(b, e, "0s")
