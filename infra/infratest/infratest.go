@@ -91,7 +91,9 @@ type Harness struct {
 	// second to upgrade to (default "1.30.2", "1.31.1").
 	Versions []string
 	// Timeout bounds each group of cases, to catch a hung driver, not to
-	// time it (default 10 minutes).
+	// time it (default 30 minutes: the libvirt driver's Interrupted group,
+	// 144 cases, ran past a 10-minute bound, 607 s in, beside two more make
+	// test runs and a race run).
 	Timeout time.Duration
 	// Cleanup, when set, is called as each group ends, pass or fail, with
 	// every machine and cluster id the group used (some may never have
@@ -135,7 +137,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				h.Versions = []string{"1.30.2", "1.31.1"}
 			}
 			if h.Timeout <= 0 {
-				h.Timeout = 10 * time.Minute
+				h.Timeout = 30 * time.Minute
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), h.Timeout)
 			t.Cleanup(cancel)
