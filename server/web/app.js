@@ -589,16 +589,20 @@ function showProblem(err) {
 async function refresh() {
   clearTimeout(timer);
   const gen = ++generation;
+  // A view drawn for a hash the page has left (a filter changed while it
+  // loaded, before the hashchange event) is dropped: the hashchange's own
+  // refresh draws the page asked for.
+  const hash = location.hash;
   const r = route();
   try {
     const view = r.page === 'cluster' ? await clusterView(r.id) :
       r.page === 'operations' ? await operationsView(r.filter) : await listView();
-    if (gen !== generation) return;
+    if (gen !== generation || hash !== location.hash) return;
     document.getElementById('view').replaceChildren(...view.filter(Boolean));
     document.getElementById('problem').hidden = true;
     document.getElementById('refreshed').textContent = 'updated ' + clock(new Date().toISOString());
   } catch (err) {
-    if (gen !== generation) return;
+    if (gen !== generation || hash !== location.hash) return;
     showProblem(err);
   }
   if (gen === generation && !pending && !live.open) {
