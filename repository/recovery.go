@@ -140,19 +140,15 @@ type JobStamp struct {
 // server incarnation, so the scanner can find those its runner no longer
 // runs.
 func (s *Store) OwnJobsInProgress(ctx context.Context, self Server) ([]JobStamp, error) {
-	var rows []struct {
-		ID         string
-		UpdateTime time.Time
-	}
+	var out []JobStamp
 	err := s.rdb.WithContext(ctx).Model(&jobRow{}).Select("id, update_time").
 		Where("status = ? AND server_id = ? AND server_incarnation = ?", string(JobInProgress), self.ID, self.Incarnation).
-		Order("id").Find(&rows).Error
+		Order("id").Find(&out).Error
 	if err != nil {
 		return nil, fmt.Errorf("list jobs of %s: %w", self.ID, classify(err))
 	}
-	out := make([]JobStamp, len(rows))
-	for i, r := range rows {
-		out[i] = JobStamp{ID: r.ID, UpdateTime: r.UpdateTime.UTC()}
+	for i := range out {
+		out[i].UpdateTime = out[i].UpdateTime.UTC()
 	}
 	return out, nil
 }
