@@ -6,6 +6,8 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -178,7 +180,28 @@ func (d *Driver) describeDomain(id string) string {
 	}
 	names := map[golibvirt.DomainState]string{golibvirt.DomainNostate: "nostate", golibvirt.DomainRunning: "running", golibvirt.DomainBlocked: "blocked",
 		golibvirt.DomainPaused: "paused", golibvirt.DomainShutdown: "shutting-down", golibvirt.DomainShutoff: "shutoff", golibvirt.DomainCrashed: "crashed", golibvirt.DomainPmsuspended: "pmsuspended"}
-	return fmt.Sprintf("state=%s vcpus=%d cpu_time=%s", names[golibvirt.DomainState(state)], vcpus, time.Duration(cpuTime).Round(time.Millisecond))
+	return fmt.Sprintf("state=%s vcpus=%d cpu_time=%s console_tail=%q", names[golibvirt.DomainState(state)], vcpus,
+		time.Duration(cpuTime).Round(time.Millisecond), consoleTail(ConsoleLog(d.poolDir, id), 600))
+}
+
+// consoleTail is the last n bytes of a guest's console log, or why there
+// are none.
+func consoleTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return err.Error()
+	}
+	off := max(info.Size()-n, 0)
+	buf := make([]byte, info.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+		return err.Error()
+	}
+	return strings.ToValidUTF8(string(buf), "?")
 }
 
 func (d *Driver) state(dom golibvirt.Domain) (golibvirt.DomainState, error) {
@@ -319,7 +342,13 @@ func (d *Driver) domainXML(m meta, off Offering, volume string) (string, error) 
 				Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: AgentSocket(d.poolDir, m.ID)}},
 				Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: "org.clusterd.agent.0"}},
 			}},
-			Serials:  []libvirtxml.DomainSerial{{Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}}}},
+			// The serial console (the guest's kernel and init write to
+			// ttyS0) is also logged to a file, from each start of QEMU
+			// afresh: what a guest whose agent does not answer has said.
+			Serials: []libvirtxml.DomainSerial{{
+				Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+				Log:    &libvirtxml.DomainChardevLog{File: ConsoleLog(d.poolDir, m.ID), Append: "off"},
+			}},
 			Consoles: []libvirtxml.DomainConsole{{Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}}, Target: &libvirtxml.DomainConsoleTarget{Type: "serial"}}},
 		},
 	}

@@ -365,6 +365,11 @@ func volumeName(id string) string { return DomainName(id) + ".img" }
 // AgentSocket is the host end of machine id's agent channel.
 func AgentSocket(poolDir, id string) string { return filepath.Join(poolDir, DomainName(id)+".agent") }
 
+// ConsoleLog is where machine id's serial console is logged.
+func ConsoleLog(poolDir, id string) string {
+	return filepath.Join(poolDir, DomainName(id)+".console.log")
+}
+
 // lock serialises the read-modify-writes of one machine's metadata in this
 // process (across processes, fencing orders the jobs).
 func (d *Driver) lock(id string) func() {

@@ -91,7 +91,7 @@ func (d *Driver) undefine(ctx context.Context, dm domain) error {
 }
 
 // leftovers removes what machine id's domain leaves behind: its state
-// volume, its agent socket and agent, and cluster clusterID's network
+// volume, its agent socket, agent and console log, and cluster clusterID's network
 // filter when no domain of the cluster is left.
 func (d *Driver) leftovers(ctx context.Context, id, clusterID string) error {
 	if err := d.deleteStateVolume(ctx, id); err != nil {
@@ -99,6 +99,9 @@ func (d *Driver) leftovers(ctx context.Context, id, clusterID string) error {
 	}
 	if err := os.Remove(AgentSocket(d.poolDir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove agent socket: %w", err)
+	}
+	if err := os.Remove(ConsoleLog(d.poolDir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove console log: %w", err)
 	}
 	if f, ok := d.agents.(interface{ Forget(string) }); ok {
 		f.Forget(id)
