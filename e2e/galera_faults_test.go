@@ -50,9 +50,11 @@ func startPrivateGalera(t *testing.T) *privateGalera {
 
 // galeraBases are the GALERA_PORT values this package's private clusters
 // take: 1306, 1406, ... 3206. Their ports (scripts/galera.sh: SQL P+1..3,
-// group communication and IST P+10262..P+10267, SST P+10361..P+10363) meet
-// none of make test's own cluster (scripts/test.sh: 10306-15206) nor
-// make chaos-galera's (4306), and stay below the ephemeral range.
+// group communication and IST P+10262..P+10267, SST P+10268..P+10270) meet
+// neither each other's (a joining node listens on its SST port even when
+// it rejoins by IST, so those ports must be free too), nor make test's own
+// cluster's (scripts/test.sh: 10306-15206), nor make chaos-galera's (4306),
+// and stay below the ephemeral range.
 var galeraBases = struct {
 	sync.Mutex
 	taken map[int]bool
@@ -83,7 +85,7 @@ func galeraBase(t *testing.T) int {
 // galeraPortsFree says whether nothing listens on any port of a Galera
 // cluster at base.
 func galeraPortsFree(base int) bool {
-	for _, off := range []int{1, 2, 3, 10262, 10263, 10264, 10265, 10266, 10267, 10361, 10362, 10363} {
+	for _, off := range []int{1, 2, 3, 10262, 10263, 10264, 10265, 10266, 10267, 10268, 10269, 10270} {
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+off))
 		if err != nil {
 			return false

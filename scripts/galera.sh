@@ -16,8 +16,9 @@
 #   scripts/galera.sh destroy      stop and delete every node's data
 #
 # Nodes listen on 127.0.0.1: with GALERA_PORT=P (default 4306), SQL on P+N,
-# group communication on P+10260+2N, IST on P+10261+2N, SST on P+10360+N, so
-# clusters with other GALERA_PORT and GALERA_DIR can run side by side (tests
+# group communication on P+10260+2N, IST on P+10261+2N, SST on P+10267+N
+# (P+10262..P+10270 in all), so clusters with other GALERA_PORT (100 apart
+# or more) and GALERA_DIR can run side by side (tests
 # that kill nodes start their own). Data lives under GALERA_DIR (default
 # /tmp/clusterd-galera), owned by the mysql user: the rsync
 # SST daemon runs as mysql and cannot read root-owned data directories. Every
@@ -42,7 +43,7 @@ password=clusterd
 sql_port() { echo $((base_port + $1)); }
 gcomm_port() { echo $((base_port + 10260 + 2 * $1)); }
 ist_port() { echo $((base_port + 10261 + 2 * $1)); }
-sst_port() { echo $((base_port + 10360 + $1)); }
+sst_port() { echo $((base_port + 10267 + $1)); }
 data() { echo "$dir/node$1"; }
 sock() { echo "$(data "$1")/mysqld.sock"; }
 # tmpd is node N's own directory for temporary files (not the shared /tmp,

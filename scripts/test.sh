@@ -56,7 +56,7 @@ free_galera_port() {
 		busy=""
 		for p in $((base + 1)) $((base + 2)) $((base + 3)) \
 			$((base + 10262)) $((base + 10263)) $((base + 10264)) $((base + 10265)) $((base + 10266)) $((base + 10267)) \
-			$((base + 10361)) $((base + 10362)) $((base + 10363)); do
+			$((base + 10268)) $((base + 10269)) $((base + 10270)); do
 			if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 				busy=1
 				break
