@@ -129,7 +129,7 @@ if [ "$rc" -ne 0 ]; then
 	echo "== failed tests (with the last lines each logged):"
 	awk '
 		/^[[:space:]]*=== (RUN|CONT|NAME)[[:space:]]/ { cur = $3; next }
-		# A harness dumps a failed test's server logs ("log of ...") as it
+		# A harness dumps the server logs of a failed test ("log of ...") as it
 		# cleans up, after the lines that say what failed: keep those.
 		/^[[:space:]]+[^ ]+\.go:[0-9]+: log of / { next }
 		/^[[:space:]]+[^ ]+\.go:[0-9]+: / && cur != "" {
