@@ -44,7 +44,7 @@ func TestImportGraph(t *testing.T) {
 	if len(deps) < 10 {
 		t.Fatalf("go list -deps printed %d packages; want the real graph:\n%s", len(deps), out)
 	}
-	banned := []string{"gorm.io/", "github.com/go-sql-driver/", "github.com/glebarez/", "modernc.org/", "database/sql",
+	banned := []string{"gorm.io/", "github.com/go-sql-driver/", "github.com/glebarez/", "github.com/libtnb/", "modernc.org/", "database/sql",
 		"github.com/clusterd/clusterd/repository", "github.com/clusterd/clusterd/service", "github.com/clusterd/clusterd/server",
 		"github.com/clusterd/clusterd/runner", "github.com/clusterd/clusterd/scanner", "github.com/clusterd/clusterd/infra"}
 	for _, d := range deps {

@@ -21,10 +21,11 @@ import (
 // cluster, then write) hit them under load. An IMMEDIATE transaction never
 // holds a snapshot it cannot write from.
 //
-// The driver's own _txlock=immediate DSN parameter would do this, but
-// glebarez/go-sqlite (v1.21.2 to v1.23.0) ignores it whenever _time_format
-// is also given, which clusterd needs; so the Store begins the transaction
-// itself. Every other call goes to the driver's connection unchanged.
+// The Store begins the transaction itself rather than through a driver's
+// _txlock=immediate DSN parameter, which glebarez/go-sqlite (the driver
+// before modernc.org/sqlite) ignored whenever _time_format was also given,
+// so the behaviour does not hang on a driver's parsing of its DSN. Every
+// other call goes to the connection below unchanged.
 type immediateConnector struct {
 	driver.Connector
 }

@@ -28,8 +28,8 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/glebarez/go-sqlite" // the "sqlite" driver of Exec
 	"github.com/go-sql-driver/mysql"
+	_ "modernc.org/sqlite" // the "sqlite" driver of Exec
 
 	"github.com/clusterd/clusterd/repository"
 )
