@@ -208,9 +208,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		}
 		var readers driver.Connector
 		if !sqliteInMemory(path) {
-			readers = dsnConnector{dsn: sqliteReaderDSN(path), drv: drv}
+			readers = stmtCacheConnector{dsnConnector{dsn: sqliteReaderDSN(path), drv: drv}, stmtCacheSize}
 		}
-		writer := immediateConnector{dsnConnector{dsn: sqliteDSN(path), drv: drv}}
+		writer := immediateConnector{stmtCacheConnector{dsnConnector{dsn: sqliteDSN(path), drv: drv}, stmtCacheSize}}
 		if err := s.connect(ctx, writer, readers); err != nil {
 			return nil, err
 		}
