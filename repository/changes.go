@@ -62,6 +62,8 @@ type Change struct {
 	// Settled: the row was older than the query's settle window when read
 	// (the database's clock), so every row with a smaller id had committed.
 	Settled bool
+	// Brief: only ID and Settled were read (ReadChangeMarks).
+	Brief bool
 	// State, Version and CurrentOperation are the cluster's as the change
 	// left it (ChangeHistory only; zero otherwise).
 	State            lifecycle.State
@@ -140,6 +142,24 @@ type ChangeQuery struct {
 	Limit int
 }
 
+// filter is the SQL condition (after its first, on f, the feed) and the
+// arguments of q's Account and ClusterID.
+func (q ChangeQuery) filter() (string, []any) {
+	var (
+		cond string
+		args []any
+	)
+	if q.Account != "" {
+		cond += " AND f.account = ?"
+		args = append(args, q.Account)
+	}
+	if q.ClusterID != "" {
+		cond += " AND f.cluster_id = ?"
+		args = append(args, q.ClusterID)
+	}
+	return cond, args
+}
+
 // ReadChanges reads up to q.Limit rows of the feed with an id above
 // q.After, oldest id first, each with its history entry when it has one:
 // one query.
@@ -156,14 +176,9 @@ func (s *Store) ReadChanges(ctx context.Context, q ChangeQuery) ([]Change, error
 		" e.id, e.time, e.from_state, e.event, e.to_state, e.operation, e.server, e.message" +
 		" FROM cluster_changes f LEFT JOIN cluster_events e ON e.id = f.event_id WHERE f.id > ?"
 	args := []any{carg, q.After}
-	if q.Account != "" {
-		query += " AND f.account = ?"
-		args = append(args, q.Account)
-	}
-	if q.ClusterID != "" {
-		query += " AND f.cluster_id = ?"
-		args = append(args, q.ClusterID)
-	}
+	filter, fargs := q.filter()
+	query += filter
+	args = append(args, fargs...)
 	rows, err := s.readDB().QueryContext(ctx, query+" ORDER BY f.id LIMIT ?", append(args, q.Limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("read changes after %d: %w", q.After, classify(err))
@@ -204,6 +219,44 @@ func (s *Store) ReadChanges(ctx context.Context, q ChangeQuery) ([]Change, error
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read changes after %d: %w", q.After, classify(err))
+	}
+	return out, nil
+}
+
+// ReadChangeMarks reads up to q.Limit rows of the feed with an id above
+// q.After, oldest id first, briefly (Change.Brief: their ID and Settled
+// only): a reader that has read most of them already learns which are
+// there and which have settled without reading them again.
+func (s *Store) ReadChangeMarks(ctx context.Context, q ChangeQuery) ([]Change, error) {
+	if q.Limit <= 0 {
+		return nil, fmt.Errorf("read change marks: limit %d must be positive", q.Limit)
+	}
+	if q.Settle <= 0 {
+		q.Settle = SettleWindow
+	}
+	cutoff, carg := s.dbCutoff(q.Settle)
+	query := "SELECT f.id, CASE WHEN f.time < " + cutoff + " THEN 1 ELSE 0 END FROM cluster_changes f WHERE f.id > ?"
+	args := []any{carg, q.After}
+	filter, fargs := q.filter()
+	query += filter
+	args = append(args, fargs...)
+	rows, err := s.readDB().QueryContext(ctx, query+" ORDER BY f.id LIMIT ?", append(args, q.Limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("read change marks after %d: %w", q.After, classify(err))
+	}
+	defer rows.Close()
+	out := []Change{}
+	for rows.Next() {
+		c := Change{Brief: true}
+		var settled int
+		if err := rows.Scan(&c.ID, &settled); err != nil {
+			return nil, fmt.Errorf("read change marks after %d: %w", q.After, classify(err))
+		}
+		c.Settled = settled == 1
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read change marks after %d: %w", q.After, classify(err))
 	}
 	return out, nil
 }

@@ -3,6 +3,7 @@ package repository_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -204,4 +205,67 @@ func waitSettled(ctx context.Context, t *testing.T, s *repository.Store, settle 
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// The feed's marks are its rows briefly: their ids and whether they
+// settled, in id order, under the same filters and limit as the rows.
+func TestChangeFeedReadsMarks(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		c, j := create(t, s, "web")
+		create(t, s, "other")
+		if _, err := s.RecordProgress(ctx, j.ID, repository.Progress{Step: "power_on", StepsDone: 1, StepsTotal: 3}); err != nil {
+			t.Fatal(err)
+		}
+		all := readAll(t, s, repository.ChangeQuery{})
+		if len(all) != 3 {
+			t.Fatalf("feed: %d rows; want 3", len(all))
+		}
+		marks := func(q repository.ChangeQuery) []repository.Change {
+			t.Helper()
+			if q.Limit == 0 {
+				q.Limit = 100
+			}
+			cs, err := s.ReadChangeMarks(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, ch := range cs {
+				if !ch.Brief || ch.ClusterID != "" || ch.Kind != "" || ch.Event != nil || !ch.Time.IsZero() {
+					t.Errorf("mark %d carries more than its id: %+v", i, ch)
+				}
+			}
+			return cs
+		}
+		ids := func(cs []repository.Change) (out []int64) {
+			for _, ch := range cs {
+				out = append(out, ch.ID)
+			}
+			return out
+		}
+		got := marks(repository.ChangeQuery{Settle: time.Hour})
+		if !slices.Equal(ids(got), ids(all)) {
+			t.Errorf("marks %v; want %v", ids(got), ids(all))
+		}
+		for i, ch := range got {
+			if ch.Settled {
+				t.Errorf("mark %d settled within an hour's window", i)
+			}
+		}
+		if got := marks(repository.ChangeQuery{ClusterID: c.ID}); !slices.Equal(ids(got), []int64{all[0].ID, all[2].ID}) {
+			t.Errorf("one cluster's marks %v; want %d, %d", ids(got), all[0].ID, all[2].ID)
+		}
+		if got := marks(repository.ChangeQuery{Account: "nobody"}); len(got) != 0 {
+			t.Errorf("another account's marks: %v; want none", ids(got))
+		}
+		if got := marks(repository.ChangeQuery{After: all[0].ID, Limit: 1}); !slices.Equal(ids(got), []int64{all[1].ID}) {
+			t.Errorf("one mark after the first row: %v; want %d", ids(got), all[1].ID)
+		}
+		waitSettled(ctx, t, s, 2*time.Millisecond)
+		for i, ch := range marks(repository.ChangeQuery{Settle: 2 * time.Millisecond}) {
+			if !ch.Settled {
+				t.Errorf("mark %d not settled past the window", i)
+			}
+		}
+	})
 }

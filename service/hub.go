@@ -19,6 +19,7 @@ import (
 // WatchStore is the part of the repository watches read.
 type WatchStore interface {
 	ReadChanges(ctx context.Context, q repository.ChangeQuery) ([]repository.Change, error)
+	ReadChangeMarks(ctx context.Context, q repository.ChangeQuery) ([]repository.Change, error)
 	ChangeHead(ctx context.Context, settle time.Duration) (repository.ChangeHead, error)
 	ChangesPurgedThrough(ctx context.Context) (int64, error)
 	ClustersByID(ctx context.Context, ids []string) (map[string]repository.Cluster, error)
@@ -94,6 +95,11 @@ type Hub struct {
 	// hub has read left it in: the state a progress or end change is
 	// shown with (only Run's goroutine uses it).
 	states map[string]clusterSnapshot
+	// read is the highest id a poll has read (only Run's goroutine uses
+	// it). While rows above the floor up to it have not settled, each
+	// poll reads their marks again: a row with a smaller id than those
+	// may commit later.
+	read int64
 }
 
 // clusterSnapshot is a cluster's state, version and holder as a history
@@ -261,7 +267,12 @@ func (h *Hub) end(w *watcher, err error) {
 const pollLimit = 1000
 
 // poll reads the feed once (again at once while it returns whole pages)
-// and hands the new changes out.
+// and hands the new changes out. While rows it has read stay above the
+// floor (not settled yet), it reads the feed's marks first (ids, whether
+// settled), and whole only from the first row it has not handed out: the
+// rows after the newest it read, or one that committed later than rows
+// with larger ids. A poll is then two reads of the feed rather than one,
+// where it read every unsettled row whole again.
 func (h *Hub) poll(ctx context.Context) error {
 	h.mu.Lock()
 	after := h.pos.Floor
@@ -275,16 +286,17 @@ func (h *Hub) poll(ctx context.Context) error {
 		h.mu.Unlock()
 		// Pages follow the last id read, not the floor, which unsettled
 		// rows hold back.
-		rows, err := h.cfg.Store.ReadChanges(ctx, repository.ChangeQuery{After: max(after, pos.Floor), Settle: h.cfg.Settle, Limit: limit})
+		rows, full, err := h.readPage(ctx, pos, max(after, pos.Floor), limit)
 		if err != nil {
 			return err
 		}
 		if len(rows) > 0 {
 			after = rows[len(rows)-1].ID
+			h.read = max(h.read, after)
 		}
 		var fresh []repository.Change
 		for _, c := range rows {
-			if pos.fresh(c.ID) {
+			if !c.Brief && pos.fresh(c.ID) {
 				fresh = append(fresh, c)
 			}
 			pos = pos.pass(c, true)
@@ -294,10 +306,35 @@ func (h *Hub) poll(ctx context.Context) error {
 			return err
 		}
 		h.publish(items, pos)
-		if len(rows) < limit {
+		if !full {
 			return nil
 		}
 	}
+}
+
+// readPage reads up to limit rows of the feed above from, in id order: the
+// rows pos has handed out briefly, the others whole. full reports a page
+// that may have more after it.
+func (h *Hub) readPage(ctx context.Context, pos watchToken, from int64, limit int) (rows []repository.Change, full bool, err error) {
+	q := repository.ChangeQuery{After: from, Settle: h.cfg.Settle, Limit: limit}
+	if h.read <= from {
+		rows, err = h.cfg.Store.ReadChanges(ctx, q)
+		return rows, len(rows) >= limit, err
+	}
+	marks, err := h.cfg.Store.ReadChangeMarks(ctx, q)
+	if err != nil {
+		return nil, false, err
+	}
+	i := slices.IndexFunc(marks, func(c repository.Change) bool { return pos.fresh(c.ID) })
+	if i < 0 {
+		return marks, len(marks) >= limit, nil
+	}
+	q.After = marks[i].ID - 1
+	whole, err := h.cfg.Store.ReadChanges(ctx, q)
+	if err != nil {
+		return nil, false, err
+	}
+	return append(marks[:i], whole...), len(whole) >= limit, nil
 }
 
 // load reads what the changes need to be presented: their clusters, with

@@ -3,6 +3,8 @@ package service
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,6 +94,132 @@ func TestHubReadsOncePerPoll(t *testing.T) {
 					t.Errorf("watcher %d got %+v; want the create of %s with its cluster", i, changes, c.ID)
 				}
 			}
+		})
+	}
+}
+
+// feedSpy is a hub's store with its reads of the feed counted (rows read
+// whole, rows read briefly), which can leave a row out of what it returns,
+// as a row that commits after rows with larger ids.
+type feedSpy struct {
+	*repository.Store
+	mu           sync.Mutex
+	held         int64
+	whole, brief int
+}
+
+func (f *feedSpy) ReadChanges(ctx context.Context, q repository.ChangeQuery) ([]repository.Change, error) {
+	return f.seen(f.Store.ReadChanges(ctx, q))
+}
+
+func (f *feedSpy) ReadChangeMarks(ctx context.Context, q repository.ChangeQuery) ([]repository.Change, error) {
+	return f.seen(f.Store.ReadChangeMarks(ctx, q))
+}
+
+// seen counts rows and leaves out the held one.
+func (f *feedSpy) seen(rows []repository.Change, err error) ([]repository.Change, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := rows[:0]
+	for _, c := range rows {
+		if c.ID == f.held {
+			continue
+		}
+		if c.Brief {
+			f.brief++
+		} else {
+			f.whole++
+		}
+		out = append(out, c)
+	}
+	return out, err
+}
+
+// reads returns the rows read whole and briefly since it was last called.
+func (f *feedSpy) reads() (whole, brief int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	whole, brief, f.whole, f.brief = f.whole, f.brief, 0, 0
+	return whole, brief
+}
+
+// The hub reads a row of the feed whole once: at later polls, the rows it
+// has read and that have not settled are read briefly, their marks only. A
+// row that commits after rows with larger ids were read is found among
+// them, read whole and handed out once; nothing is handed out twice.
+func TestHubReadsEachRowWholeOnce(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := hubCtx(t)
+			h, s, _ := hubOn(t, b, 0)
+			spy := &feedSpy{Store: s}
+			// Nothing settles during the test, however slow the machine.
+			h.cfg.Store, h.cfg.Settle = spy, time.Hour
+			w, _, err := h.attach(ctx, "acme", watchToken{Floor: h.pos.Floor}, func(it watchItem, tok watchToken) (watchToken, error) {
+				return tok, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, j, err := s.CreateCluster(ctx, repository.NewCluster{Account: "acme", DisplayName: "web",
+				Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
+				repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			progress := func(done int32) {
+				t.Helper()
+				if _, err := s.RecordProgress(ctx, j.ID, repository.Progress{Step: "s", StepsDone: done, StepsTotal: 9}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			progress(1)
+			progress(2)
+			rows, err := s.ReadChanges(ctx, repository.ChangeQuery{Limit: 10})
+			if err != nil || len(rows) != 3 {
+				t.Fatalf("feed: %+v, %v; want 3 rows", rows, err)
+			}
+			ids := func(rs ...repository.Change) []int64 {
+				var out []int64
+				for _, r := range rs {
+					out = append(out, r.ID)
+				}
+				return out
+			}
+			poll := func(what string, wantWhole, wantBrief int, want []int64) {
+				t.Helper()
+				if err := h.poll(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if whole, brief := spy.reads(); whole != wantWhole || brief != wantBrief {
+					t.Errorf("%s: %d rows read whole, %d briefly; want %d, %d", what, whole, brief, wantWhole, wantBrief)
+				}
+				var got []int64
+				for len(w.items) > 0 {
+					if it := <-w.items; it.change != nil {
+						got = append(got, it.change.ID)
+					}
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("%s: handed out %v; want %v", what, got, want)
+				}
+			}
+			spy.mu.Lock()
+			spy.held = rows[1].ID
+			spy.mu.Unlock()
+			poll("first poll, the middle row not committed", 2, 0, ids(rows[0], rows[2]))
+			poll("nothing new", 0, 2, nil)
+			spy.mu.Lock()
+			spy.held = 0
+			spy.mu.Unlock()
+			poll("the middle row committed", 2, 3, ids(rows[1]))
+			poll("nothing new again", 0, 3, nil)
+			progress(3)
+			last, err := s.ReadChanges(ctx, repository.ChangeQuery{After: rows[2].ID, Limit: 10})
+			if err != nil || len(last) != 1 {
+				t.Fatalf("feed after %d: %+v, %v; want 1 row", rows[2].ID, last, err)
+			}
+			poll("a new row", 1, 4, ids(last...))
 		})
 	}
 }
