@@ -74,7 +74,7 @@ func startVM(t *testing.T, image, dir, name, disk, iso string) *vm {
 		"-serial", "file:"+v.console,
 		"-kernel", filepath.Join(image, "vmlinuz"),
 		"-initrd", filepath.Join(image, "initrd.img"),
-		"-append", "console=ttyS0 panic=-1 clusterd.machine="+name,
+		"-append", "console=ttyS0 no_timer_check panic=-1 clusterd.machine="+name,
 		"-drive", "file="+disk+",format=raw,if=virtio",
 		"-device", "virtio-scsi-pci,id=scsi",
 		"-drive", "file="+iso+",format=raw,if=none,media=cdrom,readonly=on,id=cd",
