@@ -142,46 +142,45 @@ type ChangeQuery struct {
 	Limit int
 }
 
-// filter is the SQL condition (after its first, on f, the feed) and the
-// arguments of q's Account and ClusterID.
-func (q ChangeQuery) filter() (string, []any) {
-	var (
-		cond string
-		args []any
-	)
+// queryFeed runs SELECT cols FROM from WHERE f.id > q.After (and q's
+// account and cluster) ORDER BY f.id LIMIT q.Limit, on the feed as f; cols
+// may use {settled}: 1 for a row older than q's settle window, else 0.
+func (s *Store) queryFeed(ctx context.Context, q ChangeQuery, cols, from string) (*sql.Rows, error) {
+	if q.Limit <= 0 {
+		return nil, fmt.Errorf("limit %d must be positive", q.Limit)
+	}
+	if q.Settle <= 0 {
+		q.Settle = SettleWindow
+	}
+	cutoff, carg := s.dbCutoff(q.Settle)
+	query := "SELECT " + strings.Replace(cols, "{settled}", "CASE WHEN f.time < "+cutoff+" THEN 1 ELSE 0 END", 1) +
+		" FROM " + from + " WHERE f.id > ?"
+	args := []any{carg, q.After}
 	if q.Account != "" {
-		cond += " AND f.account = ?"
+		query += " AND f.account = ?"
 		args = append(args, q.Account)
 	}
 	if q.ClusterID != "" {
-		cond += " AND f.cluster_id = ?"
+		query += " AND f.cluster_id = ?"
 		args = append(args, q.ClusterID)
 	}
-	return cond, args
+	rows, err := s.readDB().QueryContext(ctx, query+" ORDER BY f.id LIMIT ?", append(args, q.Limit)...)
+	if err != nil {
+		return nil, classify(err)
+	}
+	return rows, nil
 }
 
 // ReadChanges reads up to q.Limit rows of the feed with an id above
 // q.After, oldest id first, each with its history entry when it has one:
 // one query.
 func (s *Store) ReadChanges(ctx context.Context, q ChangeQuery) ([]Change, error) {
-	if q.Limit <= 0 {
-		return nil, fmt.Errorf("read changes: limit %d must be positive", q.Limit)
-	}
-	if q.Settle <= 0 {
-		q.Settle = SettleWindow
-	}
-	cutoff, carg := s.dbCutoff(q.Settle)
-	query := "SELECT f.id, f.cluster_id, f.account, f.operation, f.kind, f.time, CASE WHEN f.time < " + cutoff + " THEN 1 ELSE 0 END," +
-		" f.state, f.version, f.current_operation, f.step, f.steps_done, f.steps_total, f.status," +
-		" e.id, e.time, e.from_state, e.event, e.to_state, e.operation, e.server, e.message" +
-		" FROM cluster_changes f LEFT JOIN cluster_events e ON e.id = f.event_id WHERE f.id > ?"
-	args := []any{carg, q.After}
-	filter, fargs := q.filter()
-	query += filter
-	args = append(args, fargs...)
-	rows, err := s.readDB().QueryContext(ctx, query+" ORDER BY f.id LIMIT ?", append(args, q.Limit)...)
+	rows, err := s.queryFeed(ctx, q, "f.id, f.cluster_id, f.account, f.operation, f.kind, f.time, {settled},"+
+		" f.state, f.version, f.current_operation, f.step, f.steps_done, f.steps_total, f.status,"+
+		" e.id, e.time, e.from_state, e.event, e.to_state, e.operation, e.server, e.message",
+		"cluster_changes f LEFT JOIN cluster_events e ON e.id = f.event_id")
 	if err != nil {
-		return nil, fmt.Errorf("read changes after %d: %w", q.After, classify(err))
+		return nil, fmt.Errorf("read changes after %d: %w", q.After, err)
 	}
 	defer rows.Close()
 	out := []Change{}
@@ -228,21 +227,9 @@ func (s *Store) ReadChanges(ctx context.Context, q ChangeQuery) ([]Change, error
 // only): a reader that has read most of them already learns which are
 // there and which have settled without reading them again.
 func (s *Store) ReadChangeMarks(ctx context.Context, q ChangeQuery) ([]Change, error) {
-	if q.Limit <= 0 {
-		return nil, fmt.Errorf("read change marks: limit %d must be positive", q.Limit)
-	}
-	if q.Settle <= 0 {
-		q.Settle = SettleWindow
-	}
-	cutoff, carg := s.dbCutoff(q.Settle)
-	query := "SELECT f.id, CASE WHEN f.time < " + cutoff + " THEN 1 ELSE 0 END FROM cluster_changes f WHERE f.id > ?"
-	args := []any{carg, q.After}
-	filter, fargs := q.filter()
-	query += filter
-	args = append(args, fargs...)
-	rows, err := s.readDB().QueryContext(ctx, query+" ORDER BY f.id LIMIT ?", append(args, q.Limit)...)
+	rows, err := s.queryFeed(ctx, q, "f.id, {settled}", "cluster_changes f")
 	if err != nil {
-		return nil, fmt.Errorf("read change marks after %d: %w", q.After, classify(err))
+		return nil, fmt.Errorf("read change marks after %d: %w", q.After, err)
 	}
 	defer rows.Close()
 	out := []Change{}

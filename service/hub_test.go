@@ -38,6 +38,18 @@ func hubOn(t *testing.T, b repotest.Backend, buffer int) (*Hub, *repository.Stor
 	return h, s, &statements
 }
 
+// createWeb creates a cluster "web" of acme, and its create job.
+func createWeb(ctx context.Context, t *testing.T, s *repository.Store) (repository.Cluster, repository.Job) {
+	t.Helper()
+	c, j, err := s.CreateCluster(ctx, repository.NewCluster{Account: "acme", DisplayName: "web",
+		Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
+		repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, j
+}
+
 func hubCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
@@ -70,12 +82,7 @@ func TestHubReadsOncePerPoll(t *testing.T) {
 			if n := statements.Load(); n != 1 {
 				t.Errorf("an idle poll with 5 watchers: %d statements; want 1", n)
 			}
-			c, _, err := s.CreateCluster(ctx, repository.NewCluster{Account: "acme", DisplayName: "web",
-				Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
-				repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			c, _ := createWeb(ctx, t, s)
 			statements.Store(0)
 			if err := h.poll(ctx); err != nil {
 				t.Fatal(err)
@@ -161,12 +168,7 @@ func TestHubReadsEachRowWholeOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, j, err := s.CreateCluster(ctx, repository.NewCluster{Account: "acme", DisplayName: "web",
-				Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
-				repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, j := createWeb(ctx, t, s)
 			progress := func(done int32) {
 				t.Helper()
 				if _, err := s.RecordProgress(ctx, j.ID, repository.Progress{Step: "s", StepsDone: done, StepsTotal: 9}); err != nil {
@@ -236,12 +238,7 @@ func TestHubEndsAWatcherBehindItsBuffer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, j, err := s.CreateCluster(ctx, repository.NewCluster{Account: "acme", DisplayName: "web",
-				Spec: repository.Spec{KubernetesVersion: "1.30.2", ControlNodeCount: 1, WorkerNodeCount: 1, ServiceOffering: "medium"}},
-				repository.NewJob{Kind: "create", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, j := createWeb(ctx, t, s)
 			for i := int32(1); i <= 3; i++ {
 				if _, err := s.RecordProgress(ctx, j.ID, repository.Progress{Step: "s", StepsDone: i, StepsTotal: 3}); err != nil {
 					t.Fatal(err)
