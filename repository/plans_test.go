@@ -125,6 +125,13 @@ func TestScanQueryPlans(t *testing.T) {
 					_, _, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-time.Hour), offer, "", "")
 					return err
 				}},
+				{"job owners", []string{"jobs_status_server_incarnation", "jobs_status_handed_off"}, func() error {
+					o, err := s.InProgressOwners(ctx)
+					if err == nil && (len(o.Jobs) != 1 || o.Jobs[0] != repository.JobOwner{ServerID: "peer", Incarnation: "inc"} || o.HandedOff) {
+						err = fmt.Errorf("owners %+v; want peer's incarnation inc alone, nothing handed off", o)
+					}
+					return err
+				}},
 				{"own jobs", nil, func() error { _, err := s.OwnJobsInProgress(ctx, self); return err }},
 				{"cancel requests", []string{"jobs_status_cancel"}, func() error {
 					_, err := s.CancelRequested(ctx, []string{"00000000-0000-7000-9000-000000000001"})

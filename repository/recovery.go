@@ -2,6 +2,8 @@ package repository
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -352,5 +354,91 @@ func toClusters(rows []clusterRow) ([]Cluster, error) {
 		}
 		out = append(out, c)
 	}
+	return out, nil
+}
+
+// JobOwner is a server incarnation that owns jobs in progress.
+type JobOwner struct {
+	ServerID    string
+	Incarnation string
+}
+
+// maxOwners bounds the owners InProgressOwners lists; past it, it says so
+// (Owners.More) rather than read on.
+const maxOwners = 256
+
+// Owners is what a scanner pass reads first to tell whether liveness has
+// anything to do, in a few index seeks whatever the number of jobs in
+// progress: who owns them, the rows of those servers, and whether any is
+// handed off. The reads that find the jobs to adopt or fail each visit
+// every job in progress, so a pass makes them only when this says a job may
+// be one of those.
+type Owners struct {
+	// Jobs are the distinct owners of IN_PROGRESS jobs, in order.
+	Jobs []JobOwner
+	// More says there are more owners than Jobs lists.
+	More bool
+	// Servers are the rows of the owners' servers, by id; an owner whose
+	// server has no row is missing from it.
+	Servers map[string]Server
+	// HandedOff says some IN_PROGRESS job is handed off.
+	HandedOff bool
+}
+
+// InProgressOwners lists the owners of the jobs in progress (see Owners).
+// Each owner costs two seeks on the jobs' (status, server_id,
+// server_incarnation) index, the next incarnation of the same server or
+// else the next server, never a walk of the jobs; the servers are read by
+// primary key and the hand-offs off (status, handed_off).
+func (s *Store) InProgressOwners(ctx context.Context) (Owners, error) {
+	db := s.rdb.WithContext(ctx)
+	var out Owners
+	next := func(q string, args ...any) (JobOwner, bool, error) {
+		var o JobOwner
+		err := db.Raw(q, args...).Row().Scan(&o.ServerID, &o.Incarnation)
+		if errors.Is(err, sql.ErrNoRows) {
+			return o, false, nil
+		}
+		return o, err == nil, err
+	}
+	const cols = "SELECT server_id, server_incarnation FROM jobs WHERE status = ?"
+	in := string(JobInProgress)
+	o, ok, err := next(cols+" ORDER BY server_id, server_incarnation LIMIT 1", in)
+	for ok && err == nil {
+		if len(out.Jobs) == maxOwners {
+			out.More = true
+			break
+		}
+		out.Jobs = append(out.Jobs, o)
+		prev := o
+		o, ok, err = next(cols+" AND server_id = ? AND server_incarnation > ? ORDER BY server_incarnation LIMIT 1", in, prev.ServerID, prev.Incarnation)
+		if err == nil && !ok {
+			o, ok, err = next(cols+" AND server_id > ? ORDER BY server_id, server_incarnation LIMIT 1", in, prev.ServerID)
+		}
+	}
+	if err != nil {
+		return Owners{}, fmt.Errorf("list owners of jobs in progress: %w", classify(err))
+	}
+	out.Servers = map[string]Server{}
+	if len(out.Jobs) > 0 {
+		ids := make([]string, 0, len(out.Jobs))
+		for _, o := range out.Jobs {
+			if len(ids) == 0 || ids[len(ids)-1] != o.ServerID {
+				ids = append(ids, o.ServerID)
+			}
+		}
+		var rows []serverRow
+		if err := db.Where("id IN ?", ids).Find(&rows).Error; err != nil {
+			return Owners{}, fmt.Errorf("read the servers of jobs in progress: %w", classify(err))
+		}
+		for _, r := range rows {
+			out.Servers[r.ID] = r.toServer()
+		}
+	}
+	var handed []int
+	if err := db.Raw("SELECT 1 FROM jobs WHERE status = ? AND handed_off = ? LIMIT 1", in, true).Scan(&handed).Error; err != nil {
+		return Owners{}, fmt.Errorf("find handed-off jobs: %w", classify(err))
+	}
+	out.HandedOff = len(handed) > 0
 	return out, nil
 }

@@ -3,6 +3,7 @@ package repository_test
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,6 +130,63 @@ func TestFailJobsOfDeadServersAfterAnOffer(t *testing.T) {
 			offer = &repository.Offer{Before: now, Now: now, MaxAttempts: 1}
 			if _, stopped, err := s.FailJobsOfDeadServers(ctx, self, cutoff, offer, "", errJSON("owner server stopped")); err != nil || stopped != 1 || status(later) != repository.JobFailed {
 				t.Errorf("out of attempts: failed %d, %v, job %s; want it failed", stopped, err, status(later))
+			}
+		})
+	}
+}
+
+// InProgressOwners lists each owner of jobs in progress once, in order,
+// with its server's row when there is one, and says when a job is handed
+// off; an owner whose jobs all ended is no longer listed.
+func TestInProgressOwners(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			now := noon
+			s := openAt(t, b, &now)
+			ctx := ctxT(t)
+			oldSelf, _ := s.RegisterServer(ctx, "me")
+			claimOn(t, s, "a", oldSelf)
+			self, _ := s.RegisterServer(ctx, "me")
+			claimOn(t, s, "b", self)
+			claimOn(t, s, "c", self)
+			peer, _ := s.RegisterServer(ctx, "peer")
+			_, peerJob := claimOn(t, s, "d", peer)
+			ghost := repository.Server{ID: "ghost", Incarnation: "ghost-1"} // never registered
+			claimOn(t, s, "e", ghost)
+
+			got, err := s.InProgressOwners(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mine := []repository.JobOwner{{ServerID: "me", Incarnation: oldSelf.Incarnation}, {ServerID: "me", Incarnation: self.Incarnation}}
+			slices.SortFunc(mine, func(a, b repository.JobOwner) int { return strings.Compare(a.Incarnation, b.Incarnation) })
+			want := append([]repository.JobOwner{{ServerID: "ghost", Incarnation: "ghost-1"}}, mine...)
+			want = append(want, repository.JobOwner{ServerID: "peer", Incarnation: peer.Incarnation})
+			if !slices.Equal(got.Jobs, want) || got.More || got.HandedOff {
+				t.Fatalf("owners = %+v; want %+v, none handed off", got, want)
+			}
+			if len(got.Servers) != 2 || got.Servers["me"].Incarnation != self.Incarnation || got.Servers["peer"].Incarnation != peer.Incarnation {
+				t.Errorf("servers = %+v; want the rows of me (incarnation %s) and peer, none of ghost", got.Servers, self.Incarnation)
+			}
+
+			if _, err := s.HandOffJob(ctx, repository.HandOff{Job: peerJob, Server: peer.ID}); err != nil {
+				t.Fatal(err)
+			}
+			if got, err = s.InProgressOwners(ctx); err != nil || !got.HandedOff {
+				t.Fatalf("after a hand-off: %+v, %v; want it seen", got, err)
+			}
+			// The peer's and the earlier incarnation's jobs end.
+			now = now.Add(10 * time.Second)
+			if _, err := s.Heartbeat(ctx, self); err != nil {
+				t.Fatal(err)
+			}
+			if r, st, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-5*time.Second), nil, "", ""); err != nil || r != 1 || st != 2 {
+				t.Fatalf("FailJobsOfDeadServers = %d, %d, %v; want the earlier incarnation's job, the peer's and the ghost's", r, st, err)
+			}
+			got, err = s.InProgressOwners(ctx)
+			want = []repository.JobOwner{{ServerID: "me", Incarnation: self.Incarnation}}
+			if err != nil || !slices.Equal(got.Jobs, want) || got.HandedOff {
+				t.Fatalf("after they ended: %+v, %v; want only %+v", got, err, want)
 			}
 		})
 	}

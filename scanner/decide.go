@@ -222,6 +222,34 @@ func livenessCutoff(began time.Time, peerTimeout time.Duration, heldSince time.T
 	return cutoff
 }
 
+// livenessDue says whether a job in progress may be one that liveness
+// adopts or fails, from the owners of the jobs in progress (o, read by
+// repository.Store.InProgressOwners) judged as FailJobsOfDeadServers and
+// AdoptableJobs judge a job's owner at cutoff: a job is handed off, or
+// belongs to another incarnation of this server, or to a server with no
+// row, with another incarnation in its row (a job that names none matches
+// any), or with a heartbeat older than cutoff. Only then does a pass read
+// the jobs themselves, which visits every job in progress; an owner that
+// dies after o was read is judged by the next pass.
+func livenessDue(o repository.Owners, self repository.Server, cutoff time.Time) bool {
+	if o.HandedOff || o.More {
+		return true
+	}
+	for _, j := range o.Jobs {
+		if j.ServerID == self.ID {
+			if j.Incarnation != self.Incarnation {
+				return true
+			}
+			continue
+		}
+		srv, ok := o.Servers[j.ServerID]
+		if !ok || (j.Incarnation != "" && j.Incarnation != srv.Incarnation) || srv.HeartbeatTime.Before(cutoff) {
+			return true
+		}
+	}
+	return false
+}
+
 // suspectJobs are this server's own IN_PROGRESS jobs (own) that its runner
 // does not run (running, listed before own was read), with the update time
 // each had.

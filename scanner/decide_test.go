@@ -176,6 +176,50 @@ func TestLivenessCutoff(t *testing.T) {
 
 // A job is lost when two passes in a row found it IN_PROGRESS, not run by
 // the runner, and unchanged.
+func TestLivenessDue(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	cutoff := now.Add(-5 * time.Second)
+	self := repository.Server{ID: "me", Incarnation: "me-2"}
+	servers := map[string]repository.Server{
+		"me":    {ID: "me", Incarnation: "me-2", HeartbeatTime: now.Add(-time.Hour)},
+		"peer":  {ID: "peer", Incarnation: "peer-1", HeartbeatTime: now.Add(-time.Second)},
+		"dead":  {ID: "dead", Incarnation: "dead-1", HeartbeatTime: cutoff.Add(-time.Microsecond)},
+		"stop":  {ID: "stop", Incarnation: "stop-1", HeartbeatTime: repository.Stopped},
+		"edge":  {ID: "edge", Incarnation: "edge-1", HeartbeatTime: cutoff},
+		"fresh": {ID: "fresh", Incarnation: "fresh-1", HeartbeatTime: now},
+	}
+	owners := func(os ...repository.JobOwner) repository.Owners {
+		return repository.Owners{Jobs: os, Servers: servers}
+	}
+	own := func(id, inc string) repository.JobOwner { return repository.JobOwner{ServerID: id, Incarnation: inc} }
+	cases := []struct {
+		name string
+		o    repository.Owners
+		want bool
+	}{
+		{"no job in progress", owners(), false},
+		{"this incarnation's, whatever its heartbeat's age", owners(own("me", "me-2")), false},
+		{"a live peer's", owners(own("peer", "peer-1"), own("fresh", "fresh-1")), false},
+		{"a peer heartbeating at the cutoff", owners(own("edge", "edge-1")), false},
+		{"a live peer's, written with no incarnation", owners(own("peer", "")), false},
+		{"an earlier incarnation of this server", owners(own("me", "me-1"), own("me", "me-2")), true},
+		{"this server's, written with no incarnation", owners(own("me", "")), true},
+		{"a peer's earlier incarnation", owners(own("peer", "peer-0"), own("peer", "peer-1")), true},
+		{"a dead peer's", owners(own("dead", "dead-1"), own("peer", "peer-1")), true},
+		{"a stopped peer's", owners(own("stop", "stop-1")), true},
+		{"a server with no row", owners(own("ghost", "ghost-1")), true},
+		{"a handed-off job of a live peer", repository.Owners{Jobs: []repository.JobOwner{own("peer", "peer-1")}, Servers: servers, HandedOff: true}, true},
+		{"more owners than were listed", repository.Owners{Jobs: []repository.JobOwner{own("peer", "peer-1")}, Servers: servers, More: true}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := livenessDue(tc.o, self, cutoff); got != tc.want {
+				t.Errorf("livenessDue = %v; want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestDecideLost(t *testing.T) {
 	t1, t2 := time.Unix(100, 0), time.Unix(200, 0)
 	own := []repository.JobStamp{{ID: "a", UpdateTime: t1}, {ID: "b", UpdateTime: t1}, {ID: "c", UpdateTime: t2}, {ID: "d", UpdateTime: t1}}

@@ -13,10 +13,21 @@ import (
 // liveness fails the IN_PROGRESS jobs of this server's earlier incarnations
 // and of servers whose heartbeat is older than the peer timeout; with an
 // Adopter, those that may still be adopted are adopted first, so only the
-// others (out of attempts or time, or of no cluster) fail.
+// others (out of attempts or time, or of no cluster) fail. It reads those
+// jobs only when the owners of the jobs in progress say one may be among
+// them (livenessDue).
 func (s *Scanner) liveness(ctx context.Context, r *Report) {
 	began := s.now()
 	cutoff := s.cutoff(began)
+	owners, err := s.cfg.Store.InProgressOwners(ctx)
+	if err != nil {
+		// The reads below are made as if an owner were dead: they report
+		// their own errors if the database is what failed.
+		r.fail(fmt.Errorf("liveness: %w", err))
+	} else if !livenessDue(owners, s.cfg.Self, cutoff) {
+		s.lostJobs(ctx, r)
+		return
+	}
 	// With adoption, only the jobs that adoption will not take may fail in
 	// this pass: a job that may still be adopted (created since the offer,
 	// or whose owner died or restarted since) is offered next.

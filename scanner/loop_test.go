@@ -27,6 +27,10 @@ type fakeStore struct {
 	changes  int // ChangedUnheldClusters calls
 }
 
+func (s *fakeStore) InProgressOwners(context.Context) (repository.Owners, error) {
+	return repository.Owners{}, nil
+}
+
 func (s *fakeStore) FailJobsOfDeadServers(context.Context, repository.Server, time.Time, *repository.Offer, string, string) (int64, int64, error) {
 	return 0, 0, nil
 }

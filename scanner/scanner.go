@@ -9,8 +9,9 @@
 // cluster as the scanner read it; losing one is normal (another server, or a
 // user, got there first) and is only counted and logged at debug level. The
 // pass costs a fixed number of indexed queries whatever the number of
-// clusters, each reading only what the pass acts on (orphans by an
-// anti-join, reconciliation by what changed, purging by the end time's
+// clusters, each reading only what the pass acts on (liveness by the
+// owners of the jobs in progress, and their jobs only when one is dead;
+// orphans by an anti-join, reconciliation by what changed, purging by the end time's
 // index); a sweep of every resting cluster, a page per pass, runs at start
 // and every hour. A source of infrastructure events asks for a prompt
 // reconciliation of the clusters it saw change (Scanner.Observe), which
@@ -39,6 +40,7 @@ import (
 
 // Store is the part of the repository the scanner reads and writes.
 type Store interface {
+	InProgressOwners(ctx context.Context) (repository.Owners, error)
 	AdoptableJobs(ctx context.Context, q repository.AdoptableQuery) ([]repository.Job, error)
 	FailJobsOfDeadServers(ctx context.Context, self repository.Server, cutoff time.Time, offer *repository.Offer, restartedErr, stoppedErr string) (restarted, stopped int64, err error)
 	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.JobStamp, error)
