@@ -25,7 +25,6 @@ func (s *Scanner) liveness(ctx context.Context, r *Report) {
 		// their own errors if the database is what failed.
 		r.fail(fmt.Errorf("liveness: %w", err))
 	} else if !livenessDue(owners, s.cfg.Self, cutoff) {
-		s.lostJobs(ctx, r)
 		return
 	}
 	// With adoption, only the jobs that adoption will not take may fail in
@@ -34,7 +33,6 @@ func (s *Scanner) liveness(ctx context.Context, r *Report) {
 	var offer *repository.Offer
 	if s.cfg.Adopter != nil {
 		if offer = s.adopt(ctx, r, cutoff, began); offer == nil {
-			s.lostJobs(ctx, r)
 			return
 		}
 	}
@@ -47,7 +45,6 @@ func (s *Scanner) liveness(ctx context.Context, r *Report) {
 	if restarted+stopped > 0 {
 		s.log.Info("failed the jobs of stopped servers", "server_restarted", restarted, "owner_stopped", stopped)
 	}
-	s.lostJobs(ctx, r)
 }
 
 // cutoff is the liveness cutoff of a pass that began at began
@@ -62,8 +59,11 @@ func (s *Scanner) cutoff(began time.Time) time.Time {
 
 // lostJobs fails this server's own IN_PROGRESS jobs that its runner no
 // longer runs (decideLost): a job whose end could not be written (the
-// database was unreachable as it finished) would otherwise hold its cluster
-// for as long as this server lives.
+// database was unreachable as it finished, for longer than the runner's
+// retries) would otherwise hold its cluster for as long as this server
+// lives. It reads every job this server runs, so it runs with
+// reconciliation (every ReconcileInterval), not every pass: such a job
+// has already waited out the runner's retries, minutes at least.
 func (s *Scanner) lostJobs(ctx context.Context, r *Report) {
 	if s.cfg.Running == nil {
 		return

@@ -142,7 +142,8 @@ type Config struct {
 	PeerTimeout time.Duration
 	// ScanInterval (default DefaultScanInterval): liveness and orphan recovery.
 	ScanInterval time.Duration
-	// ReconcileInterval (default 10s): reconciliation against the infrastructure.
+	// ReconcileInterval (default 10s): reconciliation against the
+	// infrastructure, and the search for jobs this server's runner lost.
 	ReconcileInterval time.Duration
 	// JobRetention (default 7 days): finished jobs older than this are
 	// purged, and the infrastructure's log of calls with them (CallLogPurger).
@@ -243,8 +244,9 @@ func (s *Scanner) Run(ctx context.Context) {
 }
 
 // Pass runs one scan: liveness, orphan recovery, reconciliation of the
-// clusters observed since the last pass (Observe) and, when due,
-// reconciliation and garbage collection. It returns what it did.
+// clusters observed since the last pass (Observe) and, when due, the
+// search for lost jobs, reconciliation and garbage collection. It returns
+// what it did.
 func (s *Scanner) Pass(ctx context.Context) Report {
 	start := s.now()
 	var r Report
@@ -260,14 +262,17 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 			return r
 		}
 	}
-	s.liveness(ctx, &r)
-	acted := s.orphans(ctx, &r)
 	s.mu.Lock()
 	due := start.Sub(s.lastReconcile) >= s.cfg.ReconcileInterval
 	if due {
 		s.lastReconcile = start
 	}
 	s.mu.Unlock()
+	s.liveness(ctx, &r)
+	if due {
+		s.lostJobs(ctx, &r)
+	}
+	acted := s.orphans(ctx, &r)
 	s.reconcile(ctx, &r, due, acted)
 	if due {
 		s.purge(ctx, &r)

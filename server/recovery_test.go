@@ -10,6 +10,7 @@ import (
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra"
+	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 	"github.com/clusterd/clusterd/scanner"
@@ -268,6 +269,57 @@ func TestRecovery_ObservedClusterIsReconciledAtTheNextPass(t *testing.T) {
 		want := []string{"FAULTS_DETECTED", "RECOVERY_REQUESTED", "OPERATION_SUCCEEDED"}
 		if got := hist[max(0, len(hist)-3):]; !slices.Equal(got, want) {
 			t.Errorf("history ends %v; want %v", got, want)
+		}
+	})
+}
+
+// TestRecovery_AJobItsRunnerLostIsFailed: a job of this server's that its
+// runner does not run (as when the runner gave up writing its end) is
+// failed by the second search for lost jobs that finds it unchanged. The
+// search runs with reconciliation, so a pass between two due ones leaves
+// the job alone; once it is failed, the cluster it held is recovered in the
+// same pass.
+func TestRecovery_AJobItsRunnerLostIsFailed(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		r := newRig(t, b)
+		id := clusterUUID(r.create("lost", 1).GetName())
+		c, err := r.seed.GetCluster(r.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		self := r.srv.self
+		_, j, err := r.seed.Claim(r.ctx, repository.Transition{ClusterID: id, Expect: c.Expect(), Event: lifecycle.StopRequested},
+			repository.NewJob{Kind: "stop", ServerID: self.ID, ServerIncarnation: self.Incarnation, Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		scan := scanner.New(scanner.Config{
+			Store: r.srv.store, Recoverer: r.srv.clusters, Infra: r.srv.sim, Self: self, Running: r.srv.runner.Running,
+			PeerTimeout: time.Hour, ReconcileInterval: time.Minute, Clock: func() time.Time { return now },
+			Logger: slog.New(slog.DiscardHandler),
+		})
+		job := func() repository.Job {
+			t.Helper()
+			got, err := r.seed.GetJob(r.ctx, j.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+		for _, step := range []time.Duration{0, 30 * time.Second} {
+			now = now.Add(step)
+			if rep := scan.Pass(r.ctx); len(rep.Errors) > 0 || job().Status != repository.JobInProgress {
+				t.Fatalf("pass at +%s: %+v, job %s; want it left IN_PROGRESS (suspected, then not searched)", step, rep, job().Status)
+			}
+		}
+		now = now.Add(31 * time.Second)
+		rep := scan.Pass(r.ctx)
+		if got := job(); rep.JobsFailed != 1 || got.Status != repository.JobFailed || !strings.Contains(got.Error, "lost track of it") {
+			t.Fatalf("the next due pass: %+v, job %s %q; want it failed as lost", rep, got.Status, got.Error)
+		}
+		if c, err := r.seed.GetCluster(r.ctx, id); err != nil || c.CurrentOperation == j.ID || rep.Recovered != 1 {
+			t.Errorf("after it failed: cluster %s held by %q, %v, %d recovered; want it recovered in the same pass", c.State, c.CurrentOperation, err, rep.Recovered)
 		}
 	})
 }
