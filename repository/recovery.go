@@ -381,15 +381,15 @@ type Owners struct {
 	// Servers are the rows of the owners' servers, by id; an owner whose
 	// server has no row is missing from it.
 	Servers map[string]Server
-	// HandedOff says some IN_PROGRESS job is handed off.
+	// HandedOff says a job in progress of a listed owner is handed off.
 	HandedOff bool
 }
 
 // InProgressOwners lists the owners of the jobs in progress (see Owners).
-// Each owner costs two seeks on the jobs' (status, server_id,
-// server_incarnation) index, the next incarnation of the same server or
-// else the next server, never a walk of the jobs; the servers are read by
-// primary key and the hand-offs off (status, handed_off).
+// Each owner costs three seeks on the jobs' (status, server_id,
+// server_incarnation, handed_off) index: its first handed-off job, and
+// the next incarnation of the same server or else the next server. It
+// never walks the jobs; the servers are read by primary key.
 func (s *Store) InProgressOwners(ctx context.Context) (Owners, error) {
 	db := s.rdb.WithContext(ctx)
 	var out Owners
@@ -435,10 +435,16 @@ func (s *Store) InProgressOwners(ctx context.Context) (Owners, error) {
 			out.Servers[r.ID] = r.toServer()
 		}
 	}
-	var handed []int
-	if err := db.Raw("SELECT 1 FROM jobs WHERE status = ? AND handed_off = ? LIMIT 1", in, true).Scan(&handed).Error; err != nil {
-		return Owners{}, fmt.Errorf("find handed-off jobs: %w", classify(err))
+	for _, o := range out.Jobs {
+		var handed []int
+		if err := db.Raw("SELECT 1 FROM jobs WHERE status = ? AND server_id = ? AND server_incarnation = ? AND handed_off = ? LIMIT 1",
+			in, o.ServerID, o.Incarnation, true).Scan(&handed).Error; err != nil {
+			return Owners{}, fmt.Errorf("find handed-off jobs of %s: %w", o.ServerID, classify(err))
+		}
+		if len(handed) > 0 {
+			out.HandedOff = true
+			break
+		}
 	}
-	out.HandedOff = len(handed) > 0
 	return out, nil
 }

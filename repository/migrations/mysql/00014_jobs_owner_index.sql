@@ -1,0 +1,17 @@
+-- +goose Up
+-- Every scanner pass lists the owners of the jobs in progress and asks
+-- whether any of them handed a job off (Store.InProgressOwners), so that
+-- it reads the jobs themselves only when one may be adopted or failed.
+-- With handed_off after the owner in the index both are seeks, never a
+-- walk of the jobs in progress; it replaces (status, server_id,
+-- server_incarnation), its prefix, so a job's writes keep as many indexes
+-- as before. A server of the previous release names no index: it runs on
+-- this schema unchanged.
+ALTER TABLE jobs
+    ADD KEY IF NOT EXISTS jobs_status_owner (status, server_id, server_incarnation, handed_off),
+    DROP KEY IF EXISTS jobs_status_server_incarnation;
+
+-- +goose Down
+ALTER TABLE jobs
+    ADD KEY IF NOT EXISTS jobs_status_server_incarnation (status, server_id, server_incarnation),
+    DROP KEY IF EXISTS jobs_status_owner;
