@@ -295,11 +295,14 @@ func (h *Hub) poll(ctx context.Context) error {
 			h.read = max(h.read, after)
 		}
 		var fresh []repository.Change
+		// This page's own copy of the ids seen: h.pos, which a starting
+		// watch may hold, is replaced at publish, never written.
+		pos.Seen = slices.Clone(pos.Seen)
 		for _, c := range rows {
 			if !c.Brief && pos.fresh(c.ID) {
 				fresh = append(fresh, c)
 			}
-			pos = pos.pass(c, true)
+			pos.passOwned(c, true)
 		}
 		items, err := h.load(ctx, fresh, h.states)
 		if err != nil {

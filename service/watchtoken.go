@@ -117,17 +117,38 @@ func (t watchToken) fresh(id int64) bool {
 // says whether c was sent. A settled row raises the floor to its id,
 // forgetting the ids below; a delivered row above the floor is remembered.
 func (t watchToken) pass(c repository.Change, delivered bool) watchToken {
+	t.Seen = slices.Clone(t.Seen)
+	t.passOwned(c, delivered)
+	return t
+}
+
+// passOwned is pass on a token whose Seen nothing else holds, in place: a
+// reader of many rows (the hub's poll) copies Seen once for all of them,
+// not once a row.
+func (t *watchToken) passOwned(c repository.Change, delivered bool) {
 	if c.Settled {
-		t = t.raise(c.ID)
+		t.raiseOwned(c.ID)
 	}
 	if delivered && t.fresh(c.ID) {
 		i, _ := slices.BinarySearch(t.Seen, c.ID)
-		t.Seen = slices.Insert(slices.Clone(t.Seen), i, c.ID)
+		t.Seen = slices.Insert(t.Seen, i, c.ID)
 		if len(t.Seen) > maxTokenIDs {
-			t = t.raise(t.Seen[len(t.Seen)-maxTokenIDs-1])
+			t.raiseOwned(t.Seen[len(t.Seen)-maxTokenIDs-1])
 		}
 	}
-	return t
+}
+
+// raiseOwned is raise on a token whose Seen nothing else holds, in place.
+func (t *watchToken) raiseOwned(floor int64) {
+	if floor <= t.Floor {
+		return
+	}
+	i, found := slices.BinarySearch(t.Seen, floor)
+	if found {
+		i++
+	}
+	t.Floor = floor
+	t.Seen = append(t.Seen[:0], t.Seen[i:]...)
 }
 
 // raise returns t with its floor at least floor, forgetting the ids at or

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -126,5 +127,58 @@ func TestWatchTokenIsBounded(t *testing.T) {
 	}
 	if len(tok.Seen) != maxTokenIDs || tok.Floor != 2*maxTokenIDs {
 		t.Errorf("token after %d unsettled rows: floor %d, %d ids; want floor %d, %d ids", 3*maxTokenIDs, tok.Floor, len(tok.Seen), 2*maxTokenIDs, maxTokenIDs)
+	}
+}
+
+// passCopying is pass as it was written first, a copy of the ids at every
+// change: the reference the in-place one is checked against.
+func passCopying(t watchToken, c repository.Change, delivered bool) watchToken {
+	if c.Settled {
+		t = t.raise(c.ID)
+	}
+	if delivered && t.fresh(c.ID) {
+		i, _ := slices.BinarySearch(t.Seen, c.ID)
+		t.Seen = slices.Insert(slices.Clone(t.Seen), i, c.ID)
+		if len(t.Seen) > maxTokenIDs {
+			t = t.raise(t.Seen[len(t.Seen)-maxTokenIDs-1])
+		}
+	}
+	return t
+}
+
+// A page of rows passed in place (the hub's poll) leaves the token that
+// passing them row by row with copies leaves, and the token it started
+// from as it was: a watch that started from the hub's position holds its
+// ids.
+func TestWatchTokenPassOwnedIsPass(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for round := range 200 {
+		start := watchToken{Floor: 100}
+		for id := int64(101); id < 140; id++ {
+			if rng.IntN(3) == 0 {
+				start.Seen = append(start.Seen, id)
+			}
+		}
+		kept := slices.Clone(start.Seen)
+		var rows []repository.Change
+		for id := int64(101); id < int64(101+rng.IntN(3*maxTokenIDs)); id++ {
+			if rng.IntN(4) > 0 {
+				rows = append(rows, repository.Change{ID: id, Settled: rng.IntN(3) == 0})
+			}
+		}
+		byRow := start
+		owned := start
+		owned.Seen = slices.Clone(owned.Seen)
+		for _, c := range rows {
+			delivered := rng.IntN(5) > 0
+			byRow = passCopying(byRow, c, delivered)
+			owned.passOwned(c, delivered)
+		}
+		if owned.Floor != byRow.Floor || !slices.Equal(owned.Seen, byRow.Seen) {
+			t.Fatalf("round %d: in place %d %v; row by row %d %v", round, owned.Floor, owned.Seen, byRow.Floor, byRow.Seen)
+		}
+		if !slices.Equal(start.Seen, kept) {
+			t.Fatalf("round %d: the starting token's ids changed: %v; were %v", round, start.Seen, kept)
+		}
 	}
 }
