@@ -11,9 +11,9 @@
 // pass costs a fixed number of indexed queries whatever the number of
 // clusters, each reading only what the pass acts on (liveness by the
 // owners of the jobs in progress, and their jobs only when one is dead;
-// orphans by an anti-join, reconciliation by what changed, purging by the end time's
-// index); a sweep of every resting cluster, a page per pass, runs at start
-// and every hour. A source of infrastructure events asks for a prompt
+// orphans by an anti-join, reconciliation by what changed, purging by the
+// end time's index); a sweep of every resting cluster, a page per pass,
+// runs at start and every hour. A source of infrastructure events asks for a prompt
 // reconciliation of the clusters it saw change (Scanner.Observe), which
 // adds a read by primary key per cluster observed, a bounded number.
 //
