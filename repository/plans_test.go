@@ -125,7 +125,7 @@ func TestScanQueryPlans(t *testing.T) {
 					_, _, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-time.Hour), offer, "", "")
 					return err
 				}},
-				{"job owners", []string{"jobs_status_owner"}, func() error {
+				{"job owners", []string{"jobs_status_owner", map[string]string{"mysql": "Using index for group-by", "sqlite": "COVERING INDEX jobs_status_owner"}[b.Name]}, func() error {
 					o, err := s.InProgressOwners(ctx)
 					if err == nil && (len(o.Jobs) != 1 || o.Jobs[0] != repository.JobOwner{ServerID: "peer", Incarnation: "inc"} || o.HandedOff) {
 						err = fmt.Errorf("owners %+v; want peer's incarnation inc alone, nothing handed off", o)

@@ -1,10 +1,13 @@
 package repository
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -385,12 +388,86 @@ type Owners struct {
 	HandedOff bool
 }
 
-// InProgressOwners lists the owners of the jobs in progress (see Owners).
-// Each owner costs three seeks on the jobs' (status, server_id,
-// server_incarnation, handed_off) index: its first handed-off job, and
-// the next incarnation of the same server or else the next server. It
-// never walks the jobs; the servers are read by primary key.
+// InProgressOwners lists the owners of the jobs in progress (see Owners)
+// off the jobs' (status, server_id, server_incarnation, handed_off) index,
+// without walking the jobs, and their servers by primary key. On MySQL that
+// is one GROUP BY, which it answers by a loose index scan (a seek an
+// owner); SQLite has none, and is asked three seeks an owner (see
+// ownersBySeeks), each a call into the library rather than a round trip.
 func (s *Store) InProgressOwners(ctx context.Context) (Owners, error) {
+	var (
+		out Owners
+		err error
+	)
+	if s.backend == MySQL {
+		out, err = s.ownersDistinct(ctx)
+	} else {
+		out, err = s.ownersBySeeks(ctx)
+	}
+	if err != nil {
+		return Owners{}, fmt.Errorf("list owners of jobs in progress: %w", classify(err))
+	}
+	out.Servers = map[string]Server{}
+	if len(out.Jobs) == 0 {
+		return out, nil
+	}
+	ids := make([]string, 0, len(out.Jobs))
+	for _, o := range out.Jobs {
+		if len(ids) == 0 || ids[len(ids)-1] != o.ServerID {
+			ids = append(ids, o.ServerID)
+		}
+	}
+	var rows []serverRow
+	if err := s.rdb.WithContext(ctx).Where("id IN ?", ids).Find(&rows).Error; err != nil {
+		return Owners{}, fmt.Errorf("read the servers of jobs in progress: %w", classify(err))
+	}
+	for _, r := range rows {
+		out.Servers[r.ID] = r.toServer()
+	}
+	return out, nil
+}
+
+// ownersDistinct is InProgressOwners' read of the owners on MySQL: one
+// row an owner, with whether any of its jobs is handed off. Grouped by the
+// index's leading columns, it is a loose index scan ("Using index for
+// group-by"): a seek an owner.
+func (s *Store) ownersDistinct(ctx context.Context) (Owners, error) {
+	var out Owners
+	rows, err := s.rdb.WithContext(ctx).Raw("SELECT server_id, server_incarnation, MAX(handed_off) FROM jobs WHERE status = ?"+
+		" GROUP BY status, server_id, server_incarnation ORDER BY NULL LIMIT ?", string(JobInProgress), maxOwners+1).Rows()
+	if err != nil {
+		return out, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			o      JobOwner
+			handed bool
+		)
+		if err := rows.Scan(&o.ServerID, &o.Incarnation, &handed); err != nil {
+			return out, err
+		}
+		if len(out.Jobs) == maxOwners {
+			out.More = true
+			break
+		}
+		out.HandedOff = out.HandedOff || handed
+		out.Jobs = append(out.Jobs, o)
+	}
+	if err := rows.Err(); err != nil {
+		return out, err
+	}
+	// The grouping's order is the index's, but SQL does not promise it.
+	slices.SortFunc(out.Jobs, func(a, b JobOwner) int {
+		return cmp.Or(strings.Compare(a.ServerID, b.ServerID), strings.Compare(a.Incarnation, b.Incarnation))
+	})
+	return out, nil
+}
+
+// ownersBySeeks is InProgressOwners' read of the owners on SQLite: per
+// owner, a seek for its first handed-off job, and one for the next
+// incarnation of the same server or else one for the next server.
+func (s *Store) ownersBySeeks(ctx context.Context) (Owners, error) {
 	db := s.rdb.WithContext(ctx)
 	var out Owners
 	next := func(q string, args ...any) (JobOwner, bool, error) {
@@ -410,41 +487,19 @@ func (s *Store) InProgressOwners(ctx context.Context) (Owners, error) {
 			break
 		}
 		out.Jobs = append(out.Jobs, o)
+		if !out.HandedOff {
+			var handed []int
+			if err = db.Raw("SELECT 1 FROM jobs WHERE status = ? AND server_id = ? AND server_incarnation = ? AND handed_off = ? LIMIT 1",
+				in, o.ServerID, o.Incarnation, true).Scan(&handed).Error; err != nil {
+				break
+			}
+			out.HandedOff = len(handed) > 0
+		}
 		prev := o
 		o, ok, err = next(cols+" AND server_id = ? AND server_incarnation > ? ORDER BY server_incarnation LIMIT 1", in, prev.ServerID, prev.Incarnation)
 		if err == nil && !ok {
 			o, ok, err = next(cols+" AND server_id > ? ORDER BY server_id, server_incarnation LIMIT 1", in, prev.ServerID)
 		}
 	}
-	if err != nil {
-		return Owners{}, fmt.Errorf("list owners of jobs in progress: %w", classify(err))
-	}
-	out.Servers = map[string]Server{}
-	if len(out.Jobs) > 0 {
-		ids := make([]string, 0, len(out.Jobs))
-		for _, o := range out.Jobs {
-			if len(ids) == 0 || ids[len(ids)-1] != o.ServerID {
-				ids = append(ids, o.ServerID)
-			}
-		}
-		var rows []serverRow
-		if err := db.Where("id IN ?", ids).Find(&rows).Error; err != nil {
-			return Owners{}, fmt.Errorf("read the servers of jobs in progress: %w", classify(err))
-		}
-		for _, r := range rows {
-			out.Servers[r.ID] = r.toServer()
-		}
-	}
-	for _, o := range out.Jobs {
-		var handed []int
-		if err := db.Raw("SELECT 1 FROM jobs WHERE status = ? AND server_id = ? AND server_incarnation = ? AND handed_off = ? LIMIT 1",
-			in, o.ServerID, o.Incarnation, true).Scan(&handed).Error; err != nil {
-			return Owners{}, fmt.Errorf("find handed-off jobs of %s: %w", o.ServerID, classify(err))
-		}
-		if len(handed) > 0 {
-			out.HandedOff = true
-			break
-		}
-	}
-	return out, nil
+	return out, err
 }
