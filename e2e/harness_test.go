@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -86,11 +88,14 @@ func openSQL(t *testing.T, dsn string) *sql.DB {
 
 // server is one clusterd process and gRPC clients connected to it.
 type server struct {
-	id       string
-	args     []string
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	logPath  string
+	id      string
+	args    []string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	logPath string
+	// logStart is the log's size when this process started: a process
+	// restarted on the same log appends to it.
+	logStart int64
 	addr     string
 	started  time.Time
 	conn     *grpc.ClientConn
@@ -158,6 +163,9 @@ func spawnBinaryAt(t *testing.T, bin, id string, args []string, grpcAddr, httpAd
 		return nil, err
 	}
 	s := &server{id: id, args: args, exited: make(chan struct{}), logPath: logPath, addr: grpcAddr}
+	if fi, err := logFile.Stat(); err == nil {
+		s.logStart = fi.Size()
+	}
 	s.cmd = exec.Command(bin, append(slices.Clone(args), "--grpc-addr", grpcAddr, "--http-addr", httpAddr)...)
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	dieWithParent(s.cmd)
@@ -223,7 +231,11 @@ func (s *server) waitServing(t *testing.T, timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+		// The answer may come from another process that took the port
+		// after it was picked (another test's server, on a busy machine):
+		// this one has served only once it logged that it is ready, after
+		// it bound its ports. Until then, it may still exit on the bind.
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING && s.loggedReady() {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -232,6 +244,21 @@ func (s *server) waitServing(t *testing.T, timeout time.Duration) error {
 		}
 		time.Sleep(pollEvery)
 	}
+}
+
+// loggedReady reports whether this process has logged "clusterd ready"
+// (the ports it was given are its own from then on).
+func (s *server) loggedReady() bool {
+	f, err := os.Open(s.logPath)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if _, err := f.Seek(s.logStart, io.SeekStart); err != nil {
+		return false
+	}
+	out, err := io.ReadAll(f)
+	return err == nil && bytes.Contains(out, []byte("clusterd ready"))
 }
 
 // freeAddr picks a port that is free now; launch retries if another process
@@ -762,4 +789,21 @@ func refusal(err error) (codes.Code, *errdetails.ErrorInfo) {
 		}
 	}
 	return st.Code(), nil
+}
+
+// A server whose gRPC port another server took after it was picked is not
+// taken for serving because the other one answers there: waitServing
+// reports the bind error, on which startServer tries other ports.
+func TestWaitServingIsNotFooledByAnotherServerOnItsPort(t *testing.T) {
+	t.Parallel()
+	dsn := newDatabase(t)
+	a := startServer(t, dsn, "e2e-port-a")
+	args := []string{"--database", dsn, "--server-id", "e2e-port-b", "--sim-step-delay", "0"}
+	b, err := spawnAt(t, "e2e-port-b", args, a.addr, freeAddr(t), filepath.Join(t.TempDir(), "b.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.waitServing(t, startTimeout); !errors.Is(err, errBind) {
+		t.Fatalf("waiting for a server whose gRPC port another server holds: %v; want the bind error", err)
+	}
 }
