@@ -157,9 +157,7 @@ func (t watchToken) raise(floor int64) watchToken {
 	if floor <= t.Floor {
 		return t
 	}
-	i, found := slices.BinarySearch(t.Seen, floor)
-	if found {
-		i++
-	}
-	return watchToken{Floor: floor, Seen: slices.Clone(t.Seen[i:])}
+	t.Seen = slices.Clone(t.Seen)
+	t.raiseOwned(floor)
+	return t
 }
