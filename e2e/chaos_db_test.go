@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -95,6 +97,32 @@ func (c *chaosGalera) fault() (string, time.Duration) {
 		c.t.Error(err)
 	}
 	return "Galera node 2 killed and rejoined", time.Since(began)
+}
+
+// jobOnNodes reads job id's row on each node directly: a row that one node
+// has and another lacks is a divergence of the nodes, not of clusterd.
+func (c *chaosGalera) jobOnNodes(ctx context.Context, id string) []string {
+	var out []string
+	for i, dsn := range c.nodes {
+		db, err := sql.Open("mysql", galeraDriverDSN(c.t, dsn, "chaos"))
+		if err != nil {
+			out = append(out, fmt.Sprintf("node %d: %v", i+1, err))
+			continue
+		}
+		var status, server string
+		var attempt int
+		err = db.QueryRowContext(ctx, "SELECT status, server_id, attempt FROM jobs WHERE id = ?", id).Scan(&status, &server, &attempt)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			out = append(out, fmt.Sprintf("node %d: no row", i+1))
+		case err != nil:
+			out = append(out, fmt.Sprintf("node %d: %v", i+1, err))
+		default:
+			out = append(out, fmt.Sprintf("node %d: %s on %s, attempt %d", i+1, status, server, attempt))
+		}
+		_ = db.Close()
+	}
+	return out
 }
 
 // galeraDriverDSN is the go-sql-driver DSN of a clusterd mysql:// DSN.

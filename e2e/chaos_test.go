@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -211,7 +213,9 @@ type chaos struct {
 
 	violations []string
 	notes      []string
-	figures    map[string]int
+	// logs are the processes' log files, for the lines a violation names.
+	logs    []string
+	figures map[string]int
 	// failures counts the messages of operations that failed other than
 	// by a kill or a stop (the database restart, a lost lease, fencing).
 	failures map[string]int
@@ -295,6 +299,9 @@ func (c *chaos) launch(s *slot) {
 	c.t.Helper()
 	s.launches++
 	log := filepath.Join(c.t.TempDir(), fmt.Sprintf("clusterd-%d-%d.log", s.i, s.launches))
+	c.mu.Lock()
+	c.logs = append(c.logs, log)
+	c.mu.Unlock()
 	args := append([]string{"--database", c.db.dsnFor(s.i), "--on-owner-loss", c.cfg.onOwnerLoss}, c.cfg.flags...)
 	bin, previous := binary, c.cfg.previous != "" && s.launches == 1
 	if previous {
@@ -1046,7 +1053,11 @@ func (c *chaos) check() {
 		if err != nil {
 			c.t.Fatal(err)
 		}
+		before := len(c.violations)
 		holderAt := c.replay(name, evs, jobs)
+		if len(c.violations) > before {
+			c.explainHistory(ctx, name, evs, jobs)
+		}
 		for _, call := range callsOf[id] {
 			if call.Refused {
 				continue
@@ -1060,7 +1071,7 @@ func (c *chaos) check() {
 					name, call.Fence.Step, call.Fence.Attempt, call.Fence.JobID, call.Server, call.ID, attempt)
 			}
 		}
-		before := len(c.violations)
+		before = len(c.violations)
 		if c.checkMachines(ctx, name, cl); len(c.violations) > before {
 			c.notes = append(c.notes, fmt.Sprintf("history of %s, for the violation above:%s", name, historyTail(evs, jobs, 12)))
 		}
@@ -1189,6 +1200,51 @@ func (c *chaos) checkMachines(ctx context.Context, name string, cl repository.Cl
 	if !mapsEqual(got, want) {
 		c.violate("%s: network rules %v; want %v", name, keys(got), keys(want))
 	}
+}
+
+// explainHistory notes what a violation in the history of cluster name
+// needs to be understood: its last entries, and for each operation in them
+// that has no job row, whether any database node has that row and the
+// processes' log lines that name it.
+func (c *chaos) explainHistory(ctx context.Context, name string, evs []repository.Event, jobs map[string]repository.Job) {
+	c.notes = append(c.notes, fmt.Sprintf("history of %s, for the violation above:%s", name, historyTail(evs, jobs, 40)))
+	missing := map[string]bool{}
+	for _, e := range evs {
+		if _, ok := jobs[e.Operation]; e.Operation != "" && !ok {
+			missing[e.Operation] = true
+		}
+	}
+	for _, op := range slices.Sorted(maps.Keys(missing)) {
+		if n, ok := c.db.(interface {
+			jobOnNodes(ctx context.Context, id string) []string
+		}); ok {
+			c.notes = append(c.notes, fmt.Sprintf("job %s on each node: %s", op, strings.Join(n.jobOnNodes(ctx, op), "; ")))
+		}
+		c.notes = append(c.notes, fmt.Sprintf("log lines naming %s:%s", op, grepLogs(c.logs, op, 40)))
+	}
+}
+
+// grepLogs returns up to n lines of the files at paths that contain s, each
+// prefixed with its file's name.
+func grepLogs(paths []string, s string, n int) string {
+	var b strings.Builder
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			fmt.Fprintf(&b, "\n    %s: %v", filepath.Base(p), err)
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() && n > 0 {
+			if strings.Contains(sc.Text(), s) {
+				fmt.Fprintf(&b, "\n    %s: %s", filepath.Base(p), sc.Text())
+				n--
+			}
+		}
+		_ = f.Close()
+	}
+	return b.String()
 }
 
 // historyTail renders the last n entries of a history with their jobs'
