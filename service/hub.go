@@ -130,6 +130,14 @@ type watchItem struct {
 	cluster *repository.Cluster
 	view    *clv1.Cluster
 	job     *repository.Job
+	// snap is the cluster's state, version and holder as the history
+	// entries read up to this change left them (hasSnap false: none read).
+	// staged says the item has not been presented yet: cluster, view and
+	// job are unset until present reads them. A watcher only receives
+	// presented items.
+	snap    clusterSnapshot
+	hasSnap bool
+	staged  bool
 	floor   int64
 	// bookmark, on a marker, asks the watch to send its token if it
 	// moved since its last message.
@@ -304,11 +312,16 @@ func (h *Hub) poll(ctx context.Context) error {
 			}
 			pos.passOwned(c, true)
 		}
-		items, err := h.load(ctx, fresh, h.states)
-		if err != nil {
-			return err
+		items := stage(fresh, h.states)
+		// What a change shows is read only when a watcher may receive it:
+		// otherwise the items are kept staged, and a watch that attaches
+		// later presents the ones it replays.
+		if !h.publish(items, pos, false) {
+			if err := h.present(ctx, items); err != nil {
+				return err
+			}
+			h.publish(items, pos, true)
 		}
-		h.publish(items, pos)
 		if !full {
 			return nil
 		}
@@ -340,40 +353,69 @@ func (h *Hub) readPage(ctx context.Context, pos watchToken, from int64, limit in
 	return append(marks[:i], whole...), len(whole) >= limit, nil
 }
 
-// load reads what the changes need to be presented: their clusters, with
-// their nodes, and their jobs, one query each. states holds the clusters'
-// states as the history entries read so far left them; load updates it.
-func (h *Hub) load(ctx context.Context, changes []repository.Change, states map[string]clusterSnapshot) ([]watchItem, error) {
-	if len(changes) == 0 {
-		return nil, nil
+// stage makes the items of changes, in order, with the snapshot of their
+// cluster that the history entries read so far give: states holds those,
+// and stage updates it. It reads nothing; present reads what the items
+// show.
+func stage(changes []repository.Change, states map[string]clusterSnapshot) []watchItem {
+	items := make([]watchItem, len(changes))
+	for i := range changes {
+		ch := &changes[i]
+		it := watchItem{change: ch, staged: true}
+		if ch.Kind == repository.ChangeHistory {
+			states[ch.ClusterID] = clusterSnapshot{state: ch.State, version: ch.Version, op: ch.CurrentOperation}
+		}
+		if snap, ok := states[ch.ClusterID]; ok {
+			it.snap, it.hasSnap = snap, true
+			if snap.state == lifecycle.Destroyed {
+				delete(states, ch.ClusterID) // nothing moves it any more
+			}
+		}
+		items[i] = it
 	}
+	return items
+}
+
+// present reads what the staged items among items show: their clusters,
+// with their nodes, and their jobs, one query each; a cluster's state,
+// version and holder are those of the item's snapshot. Items already
+// presented are left as they are.
+func (h *Hub) present(ctx context.Context, items []watchItem) error {
 	var clusterIDs, jobIDs []string
-	for _, c := range changes {
-		if c.ClusterID != "" && !slices.Contains(clusterIDs, c.ClusterID) {
+	for _, it := range items {
+		if !it.staged {
+			continue
+		}
+		if c := it.change; c.ClusterID != "" && !slices.Contains(clusterIDs, c.ClusterID) {
 			clusterIDs = append(clusterIDs, c.ClusterID)
 		}
-		if c.Operation != "" && !slices.Contains(jobIDs, c.Operation) {
+		if c := it.change; c.Operation != "" && !slices.Contains(jobIDs, c.Operation) {
 			jobIDs = append(jobIDs, c.Operation)
 		}
 	}
-	clusters, err := h.cfg.Store.ClustersByID(ctx, clusterIDs)
-	if err != nil {
-		return nil, err
+	var (
+		clusters map[string]repository.Cluster
+		jobs     map[string]repository.Job
+		err      error
+	)
+	if len(clusterIDs) > 0 {
+		if clusters, err = h.cfg.Store.ClustersByID(ctx, clusterIDs); err != nil {
+			return err
+		}
 	}
-	jobs, err := h.cfg.Store.JobsByID(ctx, jobIDs)
-	if err != nil {
-		return nil, err
+	if len(jobIDs) > 0 {
+		if jobs, err = h.cfg.Store.JobsByID(ctx, jobIDs); err != nil {
+			return err
+		}
 	}
 	views := map[string]*clv1.Cluster{}
 	if len(clusters) > 0 {
-		found := make([]repository.Cluster, 0, len(clusters))
 		for _, c := range clusters {
 			views[c.ID] = toCluster(c)
-			found = append(found, c)
 		}
 		machines, err := h.cfg.Infra.Machines(ctx, clusterIDs...)
 		if err != nil {
-			return nil, fmt.Errorf("list nodes: %w", err)
+			return fmt.Errorf("list nodes: %w", err)
 		}
 		for _, m := range machines {
 			if v := views[m.ClusterID]; v != nil {
@@ -381,35 +423,37 @@ func (h *Hub) load(ctx context.Context, changes []repository.Change, states map[
 			}
 		}
 	}
-	items := make([]watchItem, len(changes))
-	for i := range changes {
-		ch := &changes[i]
-		it := watchItem{change: ch, view: views[ch.ClusterID]}
-		if ch.Kind == repository.ChangeHistory {
-			states[ch.ClusterID] = clusterSnapshot{state: ch.State, version: ch.Version, op: ch.CurrentOperation}
+	for i := range items {
+		it := &items[i]
+		if !it.staged {
+			continue
 		}
-		if c, ok := clusters[ch.ClusterID]; ok {
-			if snap, ok := states[ch.ClusterID]; ok {
-				c.State, c.Version, c.CurrentOperation = snap.state, snap.version, snap.op
+		it.staged = false
+		it.view = views[it.change.ClusterID]
+		if c, ok := clusters[it.change.ClusterID]; ok {
+			if it.hasSnap {
+				c.State, c.Version, c.CurrentOperation = it.snap.state, it.snap.version, it.snap.op
 			}
 			it.cluster = &c
 		}
-		if snap, ok := states[ch.ClusterID]; ok && snap.state == lifecycle.Destroyed {
-			delete(states, ch.ClusterID) // nothing moves it any more
-		}
-		if j, ok := jobs[changes[i].Operation]; ok {
+		if j, ok := jobs[it.change.Operation]; ok {
 			it.job = &j
 		}
-		items[i] = it
 	}
-	return items, nil
+	return nil
 }
 
 // publish hands items, then the hub's new floor, to every watcher, ending
-// the ones whose buffer is full; and keeps items in the window.
-func (h *Hub) publish(items []watchItem, pos watchToken) {
+// the ones whose buffer is full; and keeps items in the window. Items not
+// presented (presented false) are published only while no watcher is
+// attached: otherwise publish changes nothing and returns false, and the
+// caller presents them and publishes again.
+func (h *Hub) publish(items []watchItem, pos watchToken, presented bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if !presented && len(items) > 0 && len(h.watchers) > 0 {
+		return false
+	}
 	h.pos = pos
 	for i := range items {
 		h.seq++
@@ -438,6 +482,7 @@ func (h *Hub) publish(items []watchItem, pos watchToken) {
 			h.end(w, &WatchTooSlowError{})
 		}
 	}
+	return true
 }
 
 // offer queues items and marker without blocking; false when the buffer
@@ -520,8 +565,8 @@ func (h *Hub) attach(ctx context.Context, account string, tok watchToken, visit 
 			return nil, tok, errShuttingDown
 		}
 		if tok.Floor >= h.base {
-			i, _ := slices.BinarySearchFunc(h.window, replayed+1, func(it watchItem, seq uint64) int { return cmp.Compare(it.seq, seq) })
-			kept := slices.Clone(h.window[i:])
+			i := h.windowIndex(replayed + 1)
+			kept := slices.Clone(h.window[i:min(len(h.window), i+catchUpLimit)])
 			if len(kept) == 0 {
 				w := &watcher{account: account, items: make(chan watchItem, h.cfg.Buffer), done: make(chan struct{})}
 				h.watchers[w] = struct{}{}
@@ -530,6 +575,12 @@ func (h *Hub) attach(ctx context.Context, account string, tok watchToken, visit 
 				return w, tok, nil
 			}
 			h.mu.Unlock()
+			// The items the hub kept staged are presented, a page at a
+			// time, and kept presented for the next watch.
+			if err := h.present(ctx, kept); err != nil {
+				return nil, tok, err
+			}
+			h.keepPresented(kept)
 			for _, it := range kept {
 				var err error
 				if tok, err = visit(it, tok); err != nil {
@@ -562,8 +613,8 @@ func (h *Hub) attach(ctx context.Context, account string, tok watchToken, visit 
 				fresh = append(fresh, c)
 			}
 		}
-		items, err := h.load(ctx, fresh, map[string]clusterSnapshot{})
-		if err != nil {
+		items := stage(fresh, map[string]clusterSnapshot{})
+		if err := h.present(ctx, items); err != nil {
 			return nil, tok, err
 		}
 		next := 0
@@ -576,6 +627,26 @@ func (h *Hub) attach(ctx context.Context, account string, tok watchToken, visit 
 			if tok, err = visit(it, tok); err != nil {
 				return nil, tok, err
 			}
+		}
+	}
+}
+
+// windowIndex is the index in the window of the first item whose seq is at
+// least seq (h.mu held).
+func (h *Hub) windowIndex(seq uint64) int {
+	i, _ := slices.BinarySearchFunc(h.window, seq, func(it watchItem, seq uint64) int { return cmp.Compare(it.seq, seq) })
+	return i
+}
+
+// keepPresented puts items, presented by an attaching watch, back in the
+// window in place of the staged ones they were copied from, so the next
+// watch to attach does not read them again.
+func (h *Hub) keepPresented(items []watchItem) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, it := range items {
+		if i := h.windowIndex(it.seq); i < len(h.window) && h.window[i].seq == it.seq && h.window[i].staged {
+			h.window[i] = it
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/clusterd/clusterd/auth"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra/sim"
+	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 )
@@ -358,5 +359,108 @@ func TestWatchBookmarksPastChangesItDoesNotKeep(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// While no watcher is attached, a poll reads only the feed: what a change
+// shows (its cluster, nodes and job) is read when a watch attaches and
+// replays it, with the cluster's state as that change left it, and once
+// for every watch that attaches after.
+func TestHubPresentsChangesOnlyToWatchers(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := hubCtx(t)
+			h, s, statements := hubOn(t, b, 0)
+			from := h.pos
+			c, j := createWeb(ctx, t, s)
+			if _, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StartRequested, Operation: j.ID}); err != nil {
+				t.Fatal(err)
+			}
+			statements.Store(0)
+			if err := h.poll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := statements.Load(); n != 1 {
+				t.Errorf("a poll that found changes, no watcher: %d statements; want 1 (the feed)", n)
+			}
+			replay := func() []watchItem {
+				var got []watchItem
+				w, _, err := h.attach(ctx, "acme", from, func(it watchItem, tok watchToken) (watchToken, error) {
+					if it.change != nil {
+						got = append(got, it)
+					}
+					return tok, nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				h.detach(w)
+				return got
+			}
+			statements.Store(0)
+			got := replay()
+			if n := statements.Load(); n != 3 {
+				t.Errorf("the first watch to attach: %d statements; want 3 (clusters, jobs, machines)", n)
+			}
+			want := []lifecycle.State{lifecycle.Created, lifecycle.Starting}
+			if len(got) != len(want) {
+				t.Fatalf("the watch replayed %d changes; want %d", len(got), len(want))
+			}
+			for i, it := range got {
+				if it.staged || it.cluster == nil || it.view == nil || it.job == nil || it.job.ID != j.ID {
+					t.Fatalf("change %d replayed as %+v; want it presented with its cluster, view and job %s", i, it, j.ID)
+				}
+				if it.cluster.State != want[i] {
+					t.Errorf("change %d shows the cluster %s; want %s, as that change left it", i, it.cluster.State, want[i])
+				}
+			}
+			statements.Store(0)
+			if again := replay(); len(again) != len(want) {
+				t.Errorf("the second watch replayed %d changes; want %d", len(again), len(want))
+			}
+			if n := statements.Load(); n != 0 {
+				t.Errorf("the second watch to attach: %d statements; want 0 (the first presented the kept changes)", n)
+			}
+		})
+	}
+}
+
+// A watcher that attaches while a poll holds staged items gets them
+// presented: the publish of staged items is refused, changes nothing, and
+// the poll presents them.
+func TestHubPublishesStagedItemsOnlyWithoutWatchers(t *testing.T) {
+	b := repotest.Backends(t)[0]
+	ctx := hubCtx(t)
+	h, s, _ := hubOn(t, b, 0)
+	c, _ := createWeb(ctx, t, s)
+	rows, err := s.ReadChanges(ctx, repository.ChangeQuery{After: h.pos.Floor, Settle: h.cfg.Settle, Limit: 10})
+	if err != nil || len(rows) == 0 {
+		t.Fatalf("read the feed: %d rows, %v", len(rows), err)
+	}
+	pos := h.pos
+	for _, r := range rows {
+		pos = pos.pass(r, true)
+	}
+	items := stage(rows, map[string]clusterSnapshot{})
+	w, _, err := h.attach(ctx, "acme", h.pos, func(it watchItem, tok watchToken) (watchToken, error) { return tok, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := h.pos
+	if h.publish(items, pos, false) {
+		t.Fatal("staged items published to an attached watcher")
+	}
+	if len(w.items) != 0 || len(h.window) != 0 || !slices.Equal(h.pos.Seen, before.Seen) || h.pos.Floor != before.Floor {
+		t.Fatalf("a refused publish changed the hub: %d queued, %d kept, position %+v (was %+v)", len(w.items), len(h.window), h.pos, before)
+	}
+	if err := h.present(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	if !h.publish(items, pos, true) {
+		t.Fatal("presented items refused")
+	}
+	it := <-w.items
+	if it.change == nil || it.change.ClusterID != c.ID || it.cluster == nil || it.view == nil || it.staged {
+		t.Errorf("the watcher got %+v; want the create of %s presented", it, c.ID)
 	}
 }
