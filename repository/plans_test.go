@@ -144,6 +144,13 @@ func TestScanQueryPlans(t *testing.T) {
 					}
 					return err
 				}},
+				{"orphans since", []string{"jobs_end_time", "clusters_current_operation", "clusters_state_operation"}, func() error {
+					cs, _, err := s.OrphansSince(ctx, now.Add(-time.Minute), 1000)
+					if err == nil && len(cs) != 3000/100 {
+						err = fmt.Errorf("%d orphans; want the %d failed destroys", len(cs), 3000/100)
+					}
+					return err
+				}},
 				{"legacy jobs", nil, func() error { _, err := s.InProgressJobsWithoutResource(ctx); return err }},
 				{"reconcile changes", []string{"clusters_update_time", "machines_update_time"}, func() error {
 					cs, err := s.ChangedUnheldClusters(ctx, resting, now.Add(-time.Minute), 1000)

@@ -2,6 +2,7 @@ package repository_test
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -284,6 +285,57 @@ func TestPurgeJobsKeepsHeldAndRecent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// OrphansSince returns the orphans Orphans returns whose job ended at or
+// after its time, and every unheld cluster in an operation state; never a
+// cluster whose job is IN_PROGRESS, and not one whose job ended before.
+func TestOrphansSince(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		srv, _ := s.RegisterServer(ctx, "me")
+		began := time.Now()
+		orphan, j := claimOn(t, s, "ended", srv)
+		if _, err := s.FinishJob(ctx, repository.Finish{JobID: j.ID, Status: repository.JobFailed, Error: errJSON("ended")}); err != nil {
+			t.Fatal(err)
+		}
+		released, rj := claimOn(t, s, "released-mid-operation", srv)
+		if _, err := s.FinishJob(ctx, repository.Finish{JobID: rj.ID, Status: repository.JobFailed,
+			Release: &repository.Transition{ClusterID: released.ID, Expect: released.Expect()}}); err != nil {
+			t.Fatal(err)
+		}
+		// A job that ended, and whose cluster no longer names it.
+		done, dj := claimOn(t, s, "done", srv)
+		if _, err := s.FinishJob(ctx, repository.Finish{JobID: dj.ID, Status: repository.JobSucceeded,
+			Release: &repository.Transition{ClusterID: done.ID, Expect: done.Expect(), Event: lifecycle.OperationSucceeded}}); err != nil {
+			t.Fatal(err)
+		}
+		claimOn(t, s, "scaling", srv)
+		create(t, s, "creating")
+		running(t, s, "idle")
+		for _, c := range []struct {
+			since time.Time
+			want  map[string]string // cluster -> the job it names
+		}{
+			{began.Add(-time.Minute), map[string]string{orphan.ID: j.ID, released.ID: ""}},
+			{time.Now().Add(time.Minute), map[string]string{released.ID: ""}},
+		} {
+			got, jobs, err := s.OrphansSince(ctx, c.since, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := map[string]string{}
+			for _, g := range got {
+				seen[g.ID] = g.CurrentOperation
+			}
+			if !maps.Equal(seen, c.want) {
+				t.Errorf("OrphansSince(%s after the first end): %v; want %v", c.since.Sub(began).Round(time.Second), seen, c.want)
+			}
+			if op := c.want[orphan.ID]; op != "" && (jobs[op].Status != repository.JobFailed || jobs[op].Kind != "scale" || jobs[op].Params != `{"workers":2}`) {
+				t.Errorf("OrphansSince's job %s = %+v; want the failed scale with its parameters", op, jobs[op])
+			}
+		}
+	})
 }
 
 // Orphans returns the clusters recovery must take over and no other: those

@@ -65,18 +65,47 @@ func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
 // current_operation), so it reads the running operations and the orphans,
 // never the resting clusters.
 func (s *Store) Orphans(ctx context.Context, limit int) ([]Cluster, map[string]Job, error) {
+	return s.orphans(ctx, "SELECT "+clusterCols+", j.id, j.kind, j.status, j.error, j.params"+
+		" FROM clusters c LEFT JOIN jobs j ON j.id = c.current_operation"+
+		" WHERE c.current_operation > '' AND c.state <> ? AND (j.id IS NULL OR j.status <> ?)",
+		[]any{lifecycle.Destroyed.String(), string(JobInProgress)}, limit)
+}
+
+// OrphansSince is Orphans for the clusters held by a job that ended at or
+// after since: it reads the jobs that ended since then (their end time's
+// index) and the clusters they still hold, where Orphans reads every held
+// cluster; and the unheld clusters in an operation state as Orphans does.
+// A cluster held by an operation that has no job, or whose job ended
+// before since, is left to Orphans: the scanner reads both, this one at
+// most passes and Orphans now and then.
+func (s *Store) OrphansSince(ctx context.Context, since time.Time, limit int) ([]Cluster, map[string]Job, error) {
+	// The jobs are read first, off their end time: STRAIGHT_JOIN on MySQL
+	// and CROSS JOIN on SQLite keep the planners from starting with the
+	// held clusters, which is Orphans' read.
+	join := "CROSS JOIN"
+	if s.backend == MySQL {
+		join = "STRAIGHT_JOIN"
+	}
+	return s.orphans(ctx, "SELECT "+clusterCols+", j.id, j.kind, j.status, j.error, j.params"+
+		" FROM jobs j "+join+" clusters c ON c.current_operation = j.id"+
+		" WHERE j.end_time >= ? AND c.state <> ? AND j.status <> ?",
+		[]any{dbTime(since), lifecycle.Destroyed.String(), string(JobInProgress)}, limit)
+}
+
+// orphans runs held, the query of the held orphans and their jobs (args its
+// arguments), with the unheld clusters in an operation state after it, in
+// one statement of at most limit rows.
+func (s *Store) orphans(ctx context.Context, held string, args []any, limit int) ([]Cluster, map[string]Job, error) {
 	var states []string
 	for _, st := range lifecycle.States() {
 		if _, ok := lifecycle.OrphanEvent(st); ok {
 			states = append(states, st.String())
 		}
 	}
-	rows, err := s.rdb.WithContext(ctx).Raw("SELECT "+clusterCols+", j.id, j.kind, j.status, j.error, j.params"+
-		" FROM clusters c LEFT JOIN jobs j ON j.id = c.current_operation"+
-		" WHERE c.current_operation > '' AND c.state <> ? AND (j.id IS NULL OR j.status <> ?)"+
+	rows, err := s.rdb.WithContext(ctx).Raw(held+
 		" UNION ALL SELECT "+clusterCols+", NULL, NULL, NULL, NULL, NULL FROM clusters c"+
 		" WHERE c.state IN ? AND c.current_operation = '' LIMIT ?",
-		lifecycle.Destroyed.String(), string(JobInProgress), states, limit).Rows()
+		append(args, states, limit)...).Rows()
 	if err != nil {
 		return nil, nil, fmt.Errorf("list orphans: %w", classify(err))
 	}

@@ -39,6 +39,12 @@ func (s *fakeStore) Orphans(context.Context, int) ([]repository.Cluster, map[str
 	return s.orphans, nil, nil
 }
 
+// OrphansSince returns every orphan, as if each held one's job had just
+// ended: the fake keeps no jobs.
+func (s *fakeStore) OrphansSince(context.Context, time.Time, int) ([]repository.Cluster, map[string]repository.Job, error) {
+	return s.orphans, nil, nil
+}
+
 func (s *fakeStore) InProgressJobsWithoutResource(context.Context) ([]repository.Job, error) {
 	return nil, nil
 }

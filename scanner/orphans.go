@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -17,12 +18,39 @@ import (
 // what it read, so an operation that ends in between makes the write miss.
 // A destroy that failed and released its cluster is retried with backoff,
 // destroyLimit per pass. It returns the clusters it acted on.
-func (s *Scanner) orphans(ctx context.Context, r *Report) (acted map[string]bool) {
-	clusters, jobs, err := s.cfg.Store.Orphans(ctx, orphanLimit)
+//
+// The read is whole (every held cluster) when due (every ReconcileInterval)
+// and when the last read did not return everything; otherwise it reads
+// only the clusters held by jobs that ended since the last read began,
+// less the peer timeout (orphanReadSince), which covers a commit that
+// became visible late or a writer's clock behind this server's; the whole
+// read finds what that misses, and a cluster naming an operation that has
+// no job.
+func (s *Scanner) orphans(ctx context.Context, r *Report, due bool) (acted map[string]bool) {
+	began := s.now()
+	s.mu.Lock()
+	since, whole := orphanReadSince(s.orphansRead, due, s.cfg.PeerTimeout)
+	s.mu.Unlock()
+	var (
+		clusters []repository.Cluster
+		jobs     map[string]repository.Job
+		err      error
+	)
+	if whole {
+		clusters, jobs, err = s.cfg.Store.Orphans(ctx, orphanLimit)
+	} else {
+		clusters, jobs, err = s.cfg.Store.OrphansSince(ctx, since, orphanLimit)
+	}
 	if err != nil {
 		r.fail(fmt.Errorf("orphans: %w", err))
 		return nil
 	}
+	s.mu.Lock()
+	s.orphansRead = began
+	if len(clusters) >= orphanLimit {
+		s.orphansRead = time.Time{} // there may be more: the next read is whole
+	}
+	s.mu.Unlock()
 	legacy, err := s.cfg.Store.InProgressJobsWithoutResource(ctx)
 	if err != nil {
 		r.fail(fmt.Errorf("orphans: %w", err))
@@ -50,6 +78,16 @@ func (s *Scanner) orphans(ctx context.Context, r *Report) (acted map[string]bool
 		acted[c.ID] = true
 	}
 	return acted
+}
+
+// orphanReadSince decides how a pass reads the orphans: whole when due, or
+// when no earlier read returned every orphan (last zero); otherwise the
+// clusters held by jobs that ended since last, less margin.
+func orphanReadSince(last time.Time, due bool, margin time.Duration) (since time.Time, whole bool) {
+	if due || last.IsZero() {
+		return time.Time{}, true
+	}
+	return last.Add(-margin), false
 }
 
 // destroyDue takes a retry of the cluster's destroy if its backoff allows

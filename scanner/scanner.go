@@ -46,6 +46,7 @@ type Store interface {
 	OwnJobsInProgress(ctx context.Context, self repository.Server) ([]repository.JobStamp, error)
 	FailJobUnchanged(ctx context.Context, id string, seen time.Time, errJSON string) error
 	Orphans(ctx context.Context, limit int) ([]repository.Cluster, map[string]repository.Job, error)
+	OrphansSince(ctx context.Context, since time.Time, limit int) ([]repository.Cluster, map[string]repository.Job, error)
 	InProgressJobsWithoutResource(ctx context.Context) ([]repository.Job, error)
 	GetCluster(ctx context.Context, id string) (repository.Cluster, error)
 	UnheldClusters(ctx context.Context, states []lifecycle.State, after string, limit int) ([]repository.Cluster, error)
@@ -190,7 +191,10 @@ type Scanner struct {
 	mu            sync.Mutex
 	lastReconcile time.Time
 	lastCollect   time.Time
-	destroyRetry  map[string]retry
+	// orphansRead is when the last read of the orphans that returned all
+	// of them began (zero: none did, and the next read is whole).
+	orphansRead  time.Time
+	destroyRetry map[string]retry
 	// cursor is where reconciliation stands in its walk of the resting
 	// clusters; observed are the clusters Observe asked it to look at in
 	// the next pass.
@@ -272,7 +276,7 @@ func (s *Scanner) Pass(ctx context.Context) Report {
 	if due {
 		s.lostJobs(ctx, &r)
 	}
-	acted := s.orphans(ctx, &r)
+	acted := s.orphans(ctx, &r, due)
 	s.reconcile(ctx, &r, due, acted)
 	if due {
 		s.purge(ctx, &r)

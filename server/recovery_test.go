@@ -323,3 +323,62 @@ func TestRecovery_AJobItsRunnerLostIsFailed(t *testing.T) {
 		}
 	})
 }
+
+// Between two due passes, orphan recovery reads only the clusters held by
+// jobs that ended since its last read: a cluster whose job ended is
+// recovered at the next pass, and one that names an operation with no job
+// row (which no job's end announces) at the next due pass, not before.
+func TestRecovery_OrphansBetweenDuePasses(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b repotest.Backend) {
+		r := newRig(t, b)
+		self := r.srv.self
+		claim := func(name string) (string, repository.Job) {
+			t.Helper()
+			id := clusterUUID(r.create(name, 1).GetName())
+			c, err := r.seed.GetCluster(r.ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, j, err := r.seed.Claim(r.ctx, repository.Transition{ClusterID: id, Expect: c.Expect(), Event: lifecycle.StopRequested},
+				repository.NewJob{Kind: "stop", ServerID: self.ID, ServerIncarnation: self.Incarnation, Deadline: time.Now().Add(time.Hour)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return id, j
+		}
+		now := time.Now()
+		scan := scanner.New(scanner.Config{
+			Store: r.srv.store, Recoverer: r.srv.clusters, Infra: r.srv.sim, Self: self, Running: r.srv.runner.Running,
+			PeerTimeout: time.Hour, ReconcileInterval: time.Minute, Clock: func() time.Time { return now },
+			Logger: slog.New(slog.DiscardHandler),
+		})
+		if rep := scan.Pass(r.ctx); len(rep.Errors) > 0 || rep.Recovered != 0 {
+			t.Fatalf("the first (due) pass: %+v; want nothing recovered", rep)
+		}
+		ended, j := claim("ended")
+		if _, err := r.seed.FinishJob(r.ctx, repository.Finish{JobID: j.ID, Status: repository.JobFailed, Error: `{"code":13}`}); err != nil {
+			t.Fatal(err)
+		}
+		missing, mj := claim("missing")
+		repotest.Exec(t, r.srv.cfg.Database, "DELETE FROM jobs WHERE id = ?", mj.ID)
+		holder := func(id string) string {
+			t.Helper()
+			c, err := r.seed.GetCluster(r.ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c.CurrentOperation
+		}
+		now = now.Add(time.Second)
+		rep := scan.Pass(r.ctx)
+		if len(rep.Errors) > 0 || rep.Recovered != 1 || holder(ended) == j.ID || holder(missing) != mj.ID {
+			t.Fatalf("a pass between due ones: %+v; ended held by %q (was %s), missing by %q; want the first recovered, the second left",
+				rep, holder(ended), j.ID, holder(missing))
+		}
+		now = now.Add(time.Minute)
+		// (The pass also reconciles the first, ALERT after its recovery.)
+		if rep := scan.Pass(r.ctx); len(rep.Errors) > 0 || holder(missing) == mj.ID {
+			t.Fatalf("the next due pass: %+v, missing held by %q; want it recovered", rep, holder(missing))
+		}
+	})
+}
