@@ -55,9 +55,9 @@ type HubConfig struct {
 }
 
 // Hub is a server's one reader of the change feed: it reads the feed every
-// Poll, one query whoever watches (and, when it found changes, one read of
-// their clusters, their jobs and their nodes), and hands each change to
-// every watcher of this process, which filters it. A change committed
+// Poll, one query whoever watches (and, when it found changes and a watcher
+// is attached, one read of their clusters, their jobs and their nodes), and
+// hands each change to every watcher of this process, which filters it. A change committed
 // through any server sharing the database reaches every server's watchers
 // at their next poll. Each watcher has a bounded buffer; one that falls
 // behind is ended (WATCH_TOO_SLOW, with its resume token), never buffered
