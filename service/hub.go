@@ -312,16 +312,18 @@ func (h *Hub) poll(ctx context.Context) error {
 			}
 			pos.passOwned(c, true)
 		}
-		items := stage(fresh, h.states)
+		items, states := stage(fresh, h.states)
 		// What a change shows is read only when a watcher may receive it:
 		// otherwise the items are kept staged, and a watch that attaches
 		// later presents the ones it replays.
 		if !h.publish(items, pos, false) {
 			if err := h.present(ctx, items); err != nil {
+				// The page is read again: h.states stays as it was.
 				return err
 			}
 			h.publish(items, pos, true)
 		}
+		states.apply(h.states)
 		if !full {
 			return nil
 		}
@@ -354,26 +356,49 @@ func (h *Hub) readPage(ctx context.Context, pos watchToken, from int64, limit in
 }
 
 // stage makes the items of changes, in order, with the snapshot of their
-// cluster that the history entries read so far give: states holds those,
-// and stage updates it. It reads nothing; present reads what the items
-// show.
-func stage(changes []repository.Change, states map[string]clusterSnapshot) []watchItem {
+// cluster that the history entries read so far give: those in states, then
+// those in changes. It reads nothing (present reads what the items show)
+// and leaves states as it is: the snapshots the changes leave are returned,
+// for the caller to apply once the items are published.
+func stage(changes []repository.Change, states map[string]clusterSnapshot) ([]watchItem, snapshots) {
+	next := snapshots{}
 	items := make([]watchItem, len(changes))
 	for i := range changes {
 		ch := &changes[i]
 		it := watchItem{change: ch, staged: true}
 		if ch.Kind == repository.ChangeHistory {
-			states[ch.ClusterID] = clusterSnapshot{state: ch.State, version: ch.Version, op: ch.CurrentOperation}
+			next[ch.ClusterID] = &clusterSnapshot{state: ch.State, version: ch.Version, op: ch.CurrentOperation}
 		}
-		if snap, ok := states[ch.ClusterID]; ok {
-			it.snap, it.hasSnap = snap, true
+		snap, ok := next[ch.ClusterID]
+		if !ok {
+			if s, found := states[ch.ClusterID]; found {
+				snap = &s
+			}
+		}
+		if snap != nil {
+			it.snap, it.hasSnap = *snap, true
 			if snap.state == lifecycle.Destroyed {
-				delete(states, ch.ClusterID) // nothing moves it any more
+				next[ch.ClusterID] = nil // nothing moves it any more
 			}
 		}
 		items[i] = it
 	}
-	return items
+	return items, next
+}
+
+// snapshots are the clusters' snapshots a page of changes leaves, by
+// cluster id; nil for a cluster whose snapshot is dropped (destroyed).
+type snapshots map[string]*clusterSnapshot
+
+// apply writes the snapshots into states.
+func (n snapshots) apply(states map[string]clusterSnapshot) {
+	for id, snap := range n {
+		if snap == nil {
+			delete(states, id)
+		} else {
+			states[id] = *snap
+		}
+	}
 }
 
 // present reads what the staged items among items show: their clusters,
@@ -613,7 +638,7 @@ func (h *Hub) attach(ctx context.Context, account string, tok watchToken, visit 
 				fresh = append(fresh, c)
 			}
 		}
-		items := stage(fresh, map[string]clusterSnapshot{})
+		items, _ := stage(fresh, nil)
 		if err := h.present(ctx, items); err != nil {
 			return nil, tok, err
 		}

@@ -441,7 +441,7 @@ func TestHubPublishesStagedItemsOnlyWithoutWatchers(t *testing.T) {
 	for _, r := range rows {
 		pos = pos.pass(r, true)
 	}
-	items := stage(rows, map[string]clusterSnapshot{})
+	items, _ := stage(rows, nil)
 	w, _, err := h.attach(ctx, "acme", h.pos, func(it watchItem, tok watchToken) (watchToken, error) { return tok, nil })
 	if err != nil {
 		t.Fatal(err)
@@ -462,5 +462,65 @@ func TestHubPublishesStagedItemsOnlyWithoutWatchers(t *testing.T) {
 	it := <-w.items
 	if it.change == nil || it.change.ClusterID != c.ID || it.cluster == nil || it.view == nil || it.staged {
 		t.Errorf("the watcher got %+v; want the create of %s presented", it, c.ID)
+	}
+}
+
+// failingClusters is a hub's store whose next read of clusters fails.
+type failingClusters struct {
+	*repository.Store
+	fail atomic.Bool
+}
+
+func (f *failingClusters) ClustersByID(ctx context.Context, ids []string) (map[string]repository.Cluster, error) {
+	if f.fail.CompareAndSwap(true, false) {
+		return nil, errors.New("the database went away")
+	}
+	return f.Store.ClustersByID(ctx, ids)
+}
+
+// A poll whose read of what its changes show fails reads the page again at
+// the next poll and shows each change with the state it left the cluster
+// in, as if the first attempt had not been made.
+func TestHubPollThatFailsToPresentLeavesNoTrace(t *testing.T) {
+	for _, b := range repotest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := hubCtx(t)
+			h, s, _ := hubOn(t, b, 0)
+			store := &failingClusters{Store: s}
+			h.cfg.Store = store
+			c, j := createWeb(ctx, t, s)
+			if err := h.poll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.RecordProgress(ctx, j.ID, repository.Progress{Step: "provision", StepsTotal: 3}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StartRequested, Operation: j.ID}); err != nil {
+				t.Fatal(err)
+			}
+			w, _, err := h.attach(ctx, "acme", h.pos, func(it watchItem, tok watchToken) (watchToken, error) { return tok, nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			store.fail.Store(true)
+			if err := h.poll(ctx); err == nil {
+				t.Fatal("a poll whose read of clusters failed returned no error")
+			}
+			if err := h.poll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var got []lifecycle.State
+			for len(w.items) > 0 {
+				if it := <-w.items; it.change != nil {
+					if it.cluster == nil {
+						t.Fatalf("change %d (%s) came without its cluster", it.change.ID, it.change.Kind)
+					}
+					got = append(got, it.cluster.State)
+				}
+			}
+			if want := []lifecycle.State{lifecycle.Created, lifecycle.Starting}; !slices.Equal(got, want) {
+				t.Errorf("the progress and the start showed the cluster %v; want %v", got, want)
+			}
+		})
 	}
 }
