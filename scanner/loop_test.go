@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -25,6 +26,8 @@ type fakeStore struct {
 	orphans  []repository.Cluster
 	sweeps   int // UnheldClusters calls
 	changes  int // ChangedUnheldClusters calls
+	// orphanReads lists the orphan reads: "whole" (Orphans) or "since" (OrphansSince).
+	orphanReads []string
 }
 
 func (s *fakeStore) InProgressOwners(context.Context) (repository.Owners, error) {
@@ -36,12 +39,18 @@ func (s *fakeStore) FailJobsOfDeadServers(context.Context, repository.Server, ti
 }
 
 func (s *fakeStore) Orphans(context.Context, int) ([]repository.Cluster, map[string]repository.Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.orphanReads = append(s.orphanReads, "whole")
 	return s.orphans, nil, nil
 }
 
 // OrphansSince returns every orphan, as if each held one's job had just
 // ended: the fake keeps no jobs.
 func (s *fakeStore) OrphansSince(context.Context, time.Time, int) ([]repository.Cluster, map[string]repository.Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.orphanReads = append(s.orphanReads, "since")
 	return s.orphans, nil, nil
 }
 
@@ -137,6 +146,8 @@ type recorder struct {
 	mu          sync.Mutex
 	calls       []string
 	afterOrphan func(repository.Cluster)
+	// orphanErr is what RecoverOrphan returns.
+	orphanErr error
 }
 
 func (r *recorder) record(method string, c repository.Cluster) error {
@@ -159,6 +170,11 @@ func (r *recorder) RecoverOrphan(_ context.Context, c repository.Cluster, _ repo
 	err := r.record("RecoverOrphan", c)
 	if r.afterOrphan != nil {
 		r.afterOrphan(c)
+	}
+	if err == nil {
+		r.mu.Lock()
+		err = r.orphanErr
+		r.mu.Unlock()
 	}
 	return err
 }
@@ -399,6 +415,40 @@ func TestApplyCallsTheRecoverer(t *testing.T) {
 		r.s.apply(context.Background(), &rep, c, action{kind: tc.kind})
 		if got := r.rec.took(); !slices.Equal(got, tc.want) || rep.Recovered != len(tc.want) {
 			t.Errorf("apply(%s): calls %v, recovered %d; want %v", tc.kind, got, rep.Recovered, tc.want)
+		}
+	}
+}
+
+// Between due passes the orphans are read from where the last read began
+// once that pass dealt with all it read; after a pass whose recovery
+// failed, the next read is whole, so the orphan is not left until the next
+// due pass.
+func TestOrphansAreReadWholeAfterAPassThatLeftOne(t *testing.T) {
+	r := newLoopRig()
+	r.store.orphans = []repository.Cluster{{ID: "o", State: lifecycle.Scaling, CurrentOperation: "ended"}}
+	for i, step := range []struct {
+		fail error
+		want string
+	}{
+		{nil, "whole"}, // the first pass is due
+		{nil, "since"},
+		{errors.New("the database went away"), "since"},
+		{nil, "whole"},
+		{nil, "since"},
+	} {
+		r.rec.mu.Lock()
+		r.rec.orphanErr = step.fail
+		r.rec.mu.Unlock()
+		r.clock.add(time.Second)
+		rep := r.s.Pass(context.Background())
+		if failed := len(rep.Errors) > 0; failed != (step.fail != nil) {
+			t.Fatalf("pass %d: errors %v; want some only when the recovery fails", i, rep.Errors)
+		}
+		r.store.mu.Lock()
+		got := r.store.orphanReads[len(r.store.orphanReads)-1]
+		r.store.mu.Unlock()
+		if got != step.want {
+			t.Errorf("pass %d read the orphans %s; want %s", i, got, step.want)
 		}
 	}
 }

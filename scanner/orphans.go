@@ -20,7 +20,9 @@ import (
 // destroyLimit per pass. It returns the clusters it acted on.
 //
 // The read is whole (every held cluster) when due (every ReconcileInterval)
-// and when the last read did not return everything; otherwise it reads
+// and when the last pass did not deal with all there was (a read that hit
+// its limit, an error, a cluster left to an older server's job); otherwise
+// it reads
 // only the clusters held by jobs that ended since the last read began,
 // less the peer timeout (orphanReadSince), which covers a commit that
 // became visible late or a writer's clock behind this server's; the whole
@@ -45,25 +47,38 @@ func (s *Scanner) orphans(ctx context.Context, r *Report, due bool) (acted map[s
 		r.fail(fmt.Errorf("orphans: %w", err))
 		return nil
 	}
-	s.mu.Lock()
-	s.orphansRead = began
-	if len(clusters) >= orphanLimit {
-		s.orphansRead = time.Time{} // there may be more: the next read is whole
-	}
-	s.mu.Unlock()
+	// The next read starts from this one only if this pass dealt with all
+	// it read; otherwise it is whole, so nothing left here waits for the
+	// next due pass. (A destroy waiting its backoff is unheld, and every
+	// read returns those.)
+	complete := len(clusters) < orphanLimit
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if complete {
+			s.orphansRead = began
+		} else {
+			s.orphansRead = time.Time{}
+		}
+	}()
 	legacy, err := s.cfg.Store.InProgressJobsWithoutResource(ctx)
 	if err != nil {
+		complete = false
 		r.fail(fmt.Errorf("orphans: %w", err))
 		return nil
 	}
 	all, held := legacyHolds(legacy)
 	if all {
+		complete = false
 		r.Skipped = "a running job of an older server names no cluster: recovery leaves every cluster alone"
 		return nil
 	}
 	acted = map[string]bool{}
 	destroys := 0
 	for _, c := range clusters {
+		if held[c.ID] {
+			complete = false
+		}
 		a := decideOrphan(c, jobs, held[c.ID])
 		if a.kind == none {
 			continue
@@ -74,7 +89,11 @@ func (s *Scanner) orphans(ctx context.Context, r *Report, due bool) (acted map[s
 			}
 			destroys++
 		}
+		failed := len(r.Errors)
 		s.apply(ctx, r, c, a)
+		if len(r.Errors) > failed {
+			complete = false
+		}
 		acted[c.ID] = true
 	}
 	return acted
