@@ -22,16 +22,15 @@ import (
 // The read is whole (every held cluster) when due (every ReconcileInterval)
 // and when the last pass did not deal with all there was (a read that hit
 // its limit, an error, a cluster left to an older server's job); otherwise
-// it reads
-// only the clusters held by jobs that ended since the last read began,
-// less the peer timeout (orphanReadSince), which covers a commit that
+// it reads only the clusters held by jobs that ended since the last read
+// began, less orphanMargin (orphanReadSince), which covers a commit that
 // became visible late or a writer's clock behind this server's; the whole
 // read finds what that misses, and a cluster naming an operation that has
 // no job.
 func (s *Scanner) orphans(ctx context.Context, r *Report, due bool) (acted map[string]bool) {
 	began := s.now()
 	s.mu.Lock()
-	since, whole := orphanReadSince(s.orphansRead, due, s.cfg.PeerTimeout)
+	since, whole := orphanReadSince(s.orphansRead, due, orphanMargin)
 	s.mu.Unlock()
 	var (
 		clusters []repository.Cluster
@@ -108,6 +107,12 @@ func orphanReadSince(last time.Time, due bool, margin time.Duration) (since time
 	}
 	return last.Add(-margin), false
 }
+
+// orphanMargin is how far before the last read's start the next one reads
+// the jobs that ended: a job's end time is stamped by its writer before the
+// commit, on that server's clock. Not the peer timeout, which may be set
+// to hours: every job that ended in it would be read at every pass.
+const orphanMargin = 2 * time.Second
 
 // destroyDue takes a retry of the cluster's destroy if its backoff allows
 // one now (retry.take).
