@@ -89,6 +89,11 @@ var mysqlUnavailable = map[uint16]bool{
 	// ("WSREP has not yet prepared node for application use"); another
 	// node, or this one once it rejoins, can do it.
 	1047: true,
+	// A write on such a node is refused as "Error while appending
+	// streaming replication fragment (provider status: Not connected to
+	// Primary Component)": the server reports it and rolls the transaction
+	// back, as it does any error during COMMIT.
+	1180: true,
 }
 
 // classify turns driver errors into the package's sentinels so that no caller
