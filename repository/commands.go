@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"sync/atomic"
 )
 
 // CommandKind is what a Store asked its database to do.
@@ -42,15 +43,17 @@ func (c Command) IsStatement() bool { return c.Kind == CommandExec || c.Kind == 
 // statements and benchmarks can report them, on every backend, by counting
 // what really goes over the wire rather than what the code seems to say; the
 // context lets them tell whose commands they are. Without it (the default)
-// the driver is used as is, at no cost.
+// nothing is reported, and a SQLite driver is used as is.
 func WithCommandHook(hook func(ctx context.Context, c Command)) Option {
 	return func(s *Store) { s.hook = hook }
 }
 
 // hookConnector wraps a driver.Connector so that every connection it opens
-// reports its commands to hook. Every optional interface of the driver's
-// connection is passed through, so the driver behaves exactly as unwrapped
-// (a missing one answers driver.ErrSkip, as database/sql expects).
+// reports its commands to hook (when set), and is retired once a
+// transaction on it failed to commit or to roll back (hookConn.unsettled).
+// Every optional interface of the driver's connection is passed through, so
+// the driver behaves exactly as unwrapped (a missing one answers
+// driver.ErrSkip, as database/sql expects).
 type hookConnector struct {
 	driver.Connector
 	hook func(context.Context, Command)
@@ -68,6 +71,21 @@ func (c hookConnector) Connect(ctx context.Context) (driver.Conn, error) {
 type hookConn struct {
 	driver.Conn
 	hook func(context.Context, Command)
+	// unsettled says a transaction on this connection failed to commit or
+	// to roll back: the server may still hold it open. A Galera node
+	// outside the primary component refuses ROLLBACK (1047) and keeps the
+	// transaction; the next BEGIN on the connection, once the node is back,
+	// would commit the statements that ran before the failure (a claim's
+	// compare-and-set and history entry without its job). Such a
+	// connection is never used again (IsValid, ResetSession).
+	unsettled atomic.Bool
+}
+
+// report hands c to the hook, if any.
+func (c *hookConn) report(ctx context.Context, cmd Command) {
+	if c.hook != nil {
+		c.hook(ctx, cmd)
+	}
 }
 
 var (
@@ -86,7 +104,7 @@ func (c *hookConn) Prepare(query string) (driver.Stmt, error) {
 }
 
 func (c *hookConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	c.hook(ctx, Command{Kind: CommandPrepare, SQL: query})
+	c.report(ctx, Command{Kind: CommandPrepare, SQL: query})
 	var (
 		st  driver.Stmt
 		err error
@@ -99,6 +117,9 @@ func (c *hookConn) PrepareContext(ctx context.Context, query string) (driver.Stm
 	if err != nil {
 		return nil, err
 	}
+	if c.hook == nil {
+		return st, nil
+	}
 	return &hookStmt{Stmt: st, hook: c.hook, query: query, ctx: ctx}, nil
 }
 
@@ -107,7 +128,7 @@ func (c *hookConn) Begin() (driver.Tx, error) {
 }
 
 func (c *hookConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	c.hook(ctx, Command{Kind: CommandBegin})
+	c.report(ctx, Command{Kind: CommandBegin})
 	var (
 		tx  driver.Tx
 		err error
@@ -120,7 +141,7 @@ func (c *hookConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.T
 	if err != nil {
 		return nil, err
 	}
-	return &hookTx{Tx: tx, hook: c.hook, ctx: ctx}, nil
+	return &hookTx{Tx: tx, conn: c, ctx: ctx}, nil
 }
 
 func (c *hookConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
@@ -131,7 +152,7 @@ func (c *hookConn) ExecContext(ctx context.Context, query string, args []driver.
 	res, err := ec.ExecContext(ctx, query, args)
 	if !errors.Is(err, driver.ErrSkip) {
 		// ErrSkip: the driver wants it prepared; Prepare reports it.
-		c.hook(ctx, Command{Kind: CommandExec, SQL: query, Args: argValues(args)})
+		c.report(ctx, Command{Kind: CommandExec, SQL: query, Args: argValues(args)})
 	}
 	return res, err
 }
@@ -143,7 +164,7 @@ func (c *hookConn) QueryContext(ctx context.Context, query string, args []driver
 	}
 	rows, err := qc.QueryContext(ctx, query, args)
 	if !errors.Is(err, driver.ErrSkip) {
-		c.hook(ctx, Command{Kind: CommandQuery, SQL: query, Args: argValues(args)})
+		c.report(ctx, Command{Kind: CommandQuery, SQL: query, Args: argValues(args)})
 	}
 	return rows, err
 }
@@ -156,6 +177,9 @@ func (c *hookConn) Ping(ctx context.Context) error {
 }
 
 func (c *hookConn) ResetSession(ctx context.Context) error {
+	if c.unsettled.Load() {
+		return driver.ErrBadConn
+	}
 	if r, ok := c.Conn.(driver.SessionResetter); ok {
 		return r.ResetSession(ctx)
 	}
@@ -163,6 +187,9 @@ func (c *hookConn) ResetSession(ctx context.Context) error {
 }
 
 func (c *hookConn) IsValid() bool {
+	if c.unsettled.Load() {
+		return false
+	}
 	if v, ok := c.Conn.(driver.Validator); ok {
 		return v.IsValid()
 	}
@@ -246,18 +273,26 @@ func values(args []driver.NamedValue) ([]driver.Value, error) {
 
 type hookTx struct {
 	driver.Tx
-	hook func(context.Context, Command)
+	conn *hookConn
 	ctx  context.Context // of the begin
 }
 
 func (t *hookTx) Commit() error {
-	t.hook(t.ctx, Command{Kind: CommandCommit})
-	return t.Tx.Commit()
+	t.conn.report(t.ctx, Command{Kind: CommandCommit})
+	err := t.Tx.Commit()
+	if err != nil {
+		t.conn.unsettled.Store(true)
+	}
+	return err
 }
 
 func (t *hookTx) Rollback() error {
-	t.hook(t.ctx, Command{Kind: CommandRollback})
-	return t.Tx.Rollback()
+	t.conn.report(t.ctx, Command{Kind: CommandRollback})
+	err := t.Tx.Rollback()
+	if err != nil {
+		t.conn.unsettled.Store(true)
+	}
+	return err
 }
 
 // dsnConnector is a driver.Connector for a driver that only opens by name.

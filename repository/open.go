@@ -257,7 +257,9 @@ func (s *Store) connectMySQL(ctx context.Context, dsn string) error {
 // readers (nil: reads share the writer's pool), and pings them.
 func (s *Store) connect(ctx context.Context, conn, readers driver.Connector) error {
 	open := func(c driver.Connector) (*gorm.DB, *sql.DB, error) {
-		if s.hook != nil {
+		if s.hook != nil || s.backend == MySQL {
+			// On MySQL always: a connection whose transaction failed to
+			// end is retired (hookConn.unsettled).
 			c = hookConnector{Connector: c, hook: s.hook}
 		}
 		sqlDB := sql.OpenDB(c)
