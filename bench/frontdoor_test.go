@@ -449,6 +449,15 @@ type cpuUse struct {
 
 var cpuResults = map[string][]cpuUse{}
 
+// all is the CPU the call cost every process taking part: the serving one,
+// the database server and the caller (counted once when it serves too).
+func (u cpuUse) all() float64 {
+	if u.sameProc {
+		return u.server + u.db
+	}
+	return u.server + u.db + u.client
+}
+
 // cpuTimed runs run (one timed measurement) and records the CPU that
 // process pid, the database server and this process used meanwhile, per
 // operation.
@@ -479,8 +488,9 @@ func reportCPU() {
 	if len(cpuResults) == 0 {
 		return
 	}
-	fmt.Printf("\n== CPU per call, through the front door (medians; µs of CPU a call: clusterd or, for raw SQL, the calling process; the database server; the gRPC or REST client)\n")
-	fmt.Printf("%-44s %12s %12s %12s %12s %12s\n", "measure", "clusterd", "db (svc)", "client", "raw SQL", "db (raw)")
+	fmt.Printf("\n== CPU per call, through the front door (medians; µs of CPU a call: clusterd or, for raw SQL, the calling process; the database server; the gRPC or REST client;\n" +
+		"   all of them a call, and the raw side's share of the service's: on a machine whose cores the measure keeps busy, the most the throughput ratio can be)\n")
+	fmt.Printf("%-44s %12s %12s %12s %12s %12s %10s %10s %9s\n", "measure", "clusterd", "db (svc)", "client", "raw SQL", "db (raw)", "all (svc)", "all (raw)", "CPU ratio")
 	for _, name := range order {
 		base, ok := strings.CutSuffix(name, "/service")
 		if !ok || len(cpuResults[name]) == 0 {
@@ -500,10 +510,12 @@ func reportCPU() {
 			}
 			return fmt.Sprintf("%.0f", col(us, func(u cpuUse) float64 { return u.db }))
 		}
-		fmt.Printf("%-44s %12.0f %12s %12.0f %12.0f %12s\n", base,
+		allSvc, allRaw := col(svc, cpuUse.all), col(raw, cpuUse.all)
+		fmt.Printf("%-44s %12.0f %12s %12.0f %12.0f %12s %10.0f %10.0f %8.1f%%\n", base,
 			col(svc, func(u cpuUse) float64 { return u.server }), db(svc),
 			col(svc, func(u cpuUse) float64 { return u.client }),
-			col(raw, func(u cpuUse) float64 { return u.server }), db(raw))
+			col(raw, func(u cpuUse) float64 { return u.server }), db(raw),
+			allSvc, allRaw, 100*allRaw/allSvc)
 	}
 }
 
