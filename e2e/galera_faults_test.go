@@ -2,21 +2,26 @@ package e2e
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
 )
 
@@ -186,4 +191,119 @@ func TestGaleraNodeOutOfPrimary(t *testing.T) {
 	if done := s.waitOp(t, op); done.GetError() != nil {
 		t.Errorf("the stop after the outage failed: %v", done.GetError())
 	}
+}
+
+// TestATransactionCutOffFromThePrimaryNeverCommits: a Galera node outside
+// the primary component refuses a transaction's next statement and its
+// ROLLBACK (1047), and keeps the transaction open; the Store's connection
+// that carried it is then retired, so that once the node is back no later
+// BEGIN on that connection commits what the transaction wrote before it was
+// cut off. (A claim's compare-and-set and history entry, without its job,
+// were committed that way.)
+func TestATransactionCutOffFromThePrimaryNeverCommits(t *testing.T) {
+	t.Parallel()
+	g := startPrivateGalera(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s, err := repository.Open(ctx, g.dsn(t, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	db, ok := s.Conn().(*sql.DB)
+	if !ok {
+		t.Fatalf("the Store's pool is a %T", s.Conn())
+	}
+	// One connection, so that the next transaction would get the one the
+	// cut-off transaction used, were it kept.
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, "CREATE TABLE cutoff (id INT PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO cutoff VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"1", "2"} {
+		if err := g.run("kill", n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A reader of node 3 of its own tells when the node has left the
+	// primary component.
+	probe := openSQL(t, g.dsn(t, 3))
+	waitUntil(t, "node 3 refuses reads out of the primary component", func() bool {
+		var n int
+		return isOutOfPrimary(probe.QueryRowContext(ctx, "SELECT COUNT(*) FROM cutoff").Scan(&n))
+	})
+	if _, err := tx.ExecContext(ctx, "INSERT INTO cutoff VALUES (2)"); !isOutOfPrimary(err) {
+		t.Fatalf("a statement out of the primary component: %v; want error 1047", err)
+	}
+	rbErr := tx.Rollback()
+	t.Logf("ROLLBACK out of the primary component: %v", rbErr)
+
+	errs := make(chan error, 2)
+	for _, n := range []string{"1", "2"} {
+		go func() { errs <- g.run("start-node", n) }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The Store's next transactions, on its only connection.
+	waitUntil(t, "a transaction commits once the primary component is back", func() bool {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return false
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO cutoff VALUES (3)"); err != nil {
+			_ = tx.Rollback()
+			return false
+		}
+		return tx.Commit() == nil
+	})
+	for i := range 5 {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO cutoff VALUES (?)", 10+i); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for n := 1; n <= 3; n++ {
+		var ids []int
+		rows, err := openSQL(t, g.dsn(t, n)).QueryContext(ctx, "SELECT id FROM cutoff ORDER BY id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id int
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		if err := rows.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(ids, 1) || slices.Contains(ids, 2) || !slices.Contains(ids, 3) {
+			t.Errorf("node %d holds rows %v; want 3 and 10-14, never 1 or 2 (the transaction cut off from the primary component)", n, ids)
+		}
+	}
+}
+
+// isOutOfPrimary reports whether err is a node's refusal of a statement
+// while it is outside the primary component (1047, WSREP has not yet
+// prepared node for application use).
+func isOutOfPrimary(err error) bool {
+	var my *mysql.MySQLError
+	return errors.As(err, &my) && my.Number == 1047
 }
