@@ -110,6 +110,32 @@ func (g *privateGalera) run(args ...string) error {
 	return nil
 }
 
+// killNodes kills nodes ns, one after the other.
+func (g *privateGalera) killNodes(t *testing.T, ns ...string) {
+	t.Helper()
+	for _, n := range ns {
+		if err := g.run("kill", n); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// startNodes starts nodes ns again, together (a node that was out of the
+// primary component regains one once a majority of the last is back), and
+// waits for them.
+func (g *privateGalera) startNodes(t *testing.T, ns ...string) {
+	t.Helper()
+	errs := make(chan error, len(ns))
+	for _, n := range ns {
+		go func() { errs <- g.run("start-node", n) }()
+	}
+	for range ns {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func (g *privateGalera) dsn(t *testing.T, n int) string {
 	t.Helper()
 	cmd := exec.Command("bash", "../scripts/galera.sh", "dsn", fmt.Sprint(n))
@@ -130,11 +156,7 @@ func TestGaleraNodeOutOfPrimary(t *testing.T) {
 	g := startPrivateGalera(t)
 	s := startServer(t, g.dsn(t, 3), "e2e-galera-minority", "--peer-timeout", "3s", "--heartbeat-interval", "500ms")
 	cluster := s.create(t, "minority").GetName()
-	for _, n := range []string{"1", "2"} {
-		if err := g.run("kill", n); err != nil {
-			t.Fatal(err)
-		}
-	}
+	g.killNodes(t, "1", "2")
 	lost := time.Now()
 	health := healthpb.NewHealthClient(s.conn)
 	servingIs := func(want healthpb.HealthCheckResponse_ServingStatus) func() bool {
@@ -164,17 +186,7 @@ func TestGaleraNodeOutOfPrimary(t *testing.T) {
 	if code := status.Code(err); code != codes.Unavailable {
 		t.Errorf("StopCluster on a node out of the primary component: %v; want UNAVAILABLE", err)
 	}
-	// Both peers together: the node regains a primary component once a
-	// majority of the last one is back.
-	errs := make(chan error, 2)
-	for _, n := range []string{"1", "2"} {
-		go func() { errs <- g.run("start-node", n) }()
-	}
-	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	g.startNodes(t, "1", "2")
 	back := time.Now()
 	waitUntil(t, "SERVING once the primary component is back", servingIs(healthpb.HealthCheckResponse_SERVING))
 	t.Logf("SERVING %s after the peers were back", time.Since(back).Round(time.Millisecond))
@@ -227,11 +239,7 @@ func TestATransactionCutOffFromThePrimaryNeverCommits(t *testing.T) {
 	if _, err := tx.ExecContext(ctx, "INSERT INTO cutoff VALUES (1)"); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []string{"1", "2"} {
-		if err := g.run("kill", n); err != nil {
-			t.Fatal(err)
-		}
-	}
+	g.killNodes(t, "1", "2")
 	// A reader of node 3 of its own tells when the node has left the
 	// primary component.
 	probe := openSQL(t, g.dsn(t, 3))
@@ -245,15 +253,7 @@ func TestATransactionCutOffFromThePrimaryNeverCommits(t *testing.T) {
 	rbErr := tx.Rollback()
 	t.Logf("ROLLBACK out of the primary component: %v", rbErr)
 
-	errs := make(chan error, 2)
-	for _, n := range []string{"1", "2"} {
-		go func() { errs <- g.run("start-node", n) }()
-	}
-	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	g.startNodes(t, "1", "2")
 	// The Store's next transactions, on its only connection.
 	waitUntil(t, "a transaction commits once the primary component is back", func() bool {
 		tx, err := db.BeginTx(ctx, nil)
