@@ -185,13 +185,13 @@ func (s *Store) HandOffJob(ctx context.Context, h HandOff) (Job, error) {
 // read errMissed (each caller says what that means to it).
 func (s *Store) guardJob(tx *gorm.DB, j Job, step string) (Cluster, error) {
 	f := Fence{ClusterID: j.ResourceID, JobID: j.ID, Attempt: j.Attempt, Step: step}
-	h, err := s.guard(tx, f)
+	h, err := s.guard(tx, f, true)
 	var fenced *FencedError
 	switch {
 	case errors.As(err, &fenced) && !h.clusterFound:
 		return Cluster{}, fmt.Errorf("cluster %s: %w", j.ResourceID, ErrNotFound)
 	case errors.As(err, &fenced) && !h.clusterHeld(f):
-		return Cluster{}, fmt.Errorf("cluster %s is held by %q, not job %s: %w", j.ResourceID, h.cluster.CurrentOperation, j.ID, ErrNotHeld)
+		return Cluster{}, fmt.Errorf("cluster %s is held by %q, not job %s: %w", j.ResourceID, h.clusterOp, j.ID, ErrNotHeld)
 	case errors.As(err, &fenced):
 		return Cluster{}, errMissed
 	case err != nil:

@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 
@@ -49,10 +50,15 @@ func (e *FencedError) Error() string {
 // Unwrap makes errors.Is(err, ErrFenced) true.
 func (e *FencedError) Unwrap() error { return ErrFenced }
 
-// held is what the guard found under its locks; a row not found is zero.
+// held is what the guard found under its locks: the columns its check
+// reads (a row not found leaves them zero), and the cluster's whole row when
+// the caller asked for it (guardJob).
 type held struct {
-	cluster clusterRow
-	job     jobRow
+	clusterOp  string // the cluster's current operation
+	jobStatus  string
+	jobAttempt int32
+	jobServer  string
+	cluster    clusterRow
 	// clusterFound and jobFound say whether the rows exist.
 	clusterFound, jobFound bool
 }
@@ -60,7 +66,7 @@ type held struct {
 // clusterHeld says whether the cluster exists and names the job as its
 // current operation, whatever the job's own row says.
 func (h held) clusterHeld(f Fence) bool {
-	return h.clusterFound && h.cluster.CurrentOperation == f.JobID
+	return h.clusterFound && h.clusterOp == f.JobID
 }
 
 // guard is the one check that a job holds its cluster. A job's end
@@ -79,25 +85,39 @@ func (h held) clusterHeld(f Fence) bool {
 // is a *FencedError saying what was found; the rows found are returned
 // either way, so a caller can tell "the cluster is no longer held" from
 // "the job ended or was adopted" and keep its own typed errors.
-func (s *Store) guard(tx *gorm.DB, f Fence) (held, error) {
+//
+// The two reads are written out and read only what the check needs: every
+// step of every job passes the guard (a driver's fenced change, the job's
+// end). With whole set, the cluster's row is read whole (held.cluster).
+func (s *Store) guard(tx *gorm.DB, f Fence, whole bool) (held, error) {
 	var h held
-	lock := func(db *gorm.DB) *gorm.DB {
-		if s.backend == MySQL {
-			return db.Clauses(clause.Locking{Strength: "UPDATE"})
-		}
-		return db
+	lock := ""
+	if s.backend == MySQL {
+		lock = " FOR UPDATE"
 	}
-	err := lock(tx.Where("id = ?", f.ClusterID)).Take(&h.cluster).Error
+	var err error
+	if whole {
+		db := tx.Where("id = ?", f.ClusterID)
+		if lock != "" {
+			db = db.Clauses(clause.Locking{Strength: "UPDATE"})
+		}
+		if err = db.Take(&h.cluster).Error; errors.Is(err, gorm.ErrRecordNotFound) {
+			err = sql.ErrNoRows
+		}
+		h.clusterOp = h.cluster.CurrentOperation
+	} else {
+		err = tx.Raw("SELECT current_operation FROM clusters WHERE id = ?"+lock, f.ClusterID).Row().Scan(&h.clusterOp)
+	}
 	switch {
-	case errors.Is(err, gorm.ErrRecordNotFound):
+	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
 		return h, fmt.Errorf("lock cluster %s: %w", f.ClusterID, classify(err))
 	default:
 		h.clusterFound = true
 	}
-	err = lock(tx.Where("id = ?", f.JobID)).Take(&h.job).Error
+	err = tx.Raw("SELECT status, attempt, server_id FROM jobs WHERE id = ?"+lock, f.JobID).Row().Scan(&h.jobStatus, &h.jobAttempt, &h.jobServer)
 	switch {
-	case errors.Is(err, gorm.ErrRecordNotFound):
+	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
 		return h, fmt.Errorf("lock job %s: %w", f.JobID, classify(err))
 	default:
@@ -112,20 +132,19 @@ func (s *Store) guard(tx *gorm.DB, f Fence) (held, error) {
 // refusal says why the rows found do not let f's job change f's cluster, or
 // "" if they do.
 func (h held) refusal(f Fence) string {
-	c, j := h.cluster, h.job
 	switch {
 	case !h.clusterFound:
 		return "the cluster does not exist"
 	case !h.jobFound:
 		return "the job does not exist"
-	case c.CurrentOperation == "":
+	case h.clusterOp == "":
 		return "no operation holds the cluster"
-	case c.CurrentOperation != f.JobID:
-		return "the cluster is held by operation " + c.CurrentOperation
-	case j.Status != string(JobInProgress):
-		return "the job is " + j.Status
-	case f.Attempt > 0 && j.Attempt != f.Attempt:
-		return fmt.Sprintf("the job was adopted: attempt %d runs on server %s, not attempt %d", j.Attempt, j.ServerID, f.Attempt)
+	case h.clusterOp != f.JobID:
+		return "the cluster is held by operation " + h.clusterOp
+	case h.jobStatus != string(JobInProgress):
+		return "the job is " + h.jobStatus
+	case f.Attempt > 0 && h.jobAttempt != f.Attempt:
+		return fmt.Sprintf("the job was adopted: attempt %d runs on server %s, not attempt %d", h.jobAttempt, h.jobServer, f.Attempt)
 	}
 	return ""
 }
@@ -149,7 +168,7 @@ func (s *Store) Guarded(ctx context.Context, f Fence, fn func(tx *Store) error) 
 		return &FencedError{Fence: f, Reason: "the change names no job or no cluster"}
 	}
 	return s.transaction(ctx, func(tx *gorm.DB) error {
-		if _, err := s.guard(tx, f); err != nil {
+		if _, err := s.guard(tx, f, false); err != nil {
 			return err
 		}
 		return fn(s.bound(tx))

@@ -344,7 +344,7 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 		if f.Release != nil {
 			t := *f.Release
 			t.Operation = ""
-			h, err := s.guard(tx, Fence{ClusterID: t.ClusterID, JobID: f.JobID, Attempt: f.Attempt, Step: "finish"})
+			h, err := s.guard(tx, Fence{ClusterID: t.ClusterID, JobID: f.JobID, Attempt: f.Attempt, Step: "finish"}, false)
 			var fenced *FencedError
 			switch {
 			case errors.As(err, &fenced) && h.clusterHeld(fenced.Fence):

@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -141,15 +142,30 @@ func (s *Store) GetMachine(ctx context.Context, id string) (Machine, error) {
 }
 
 func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
-	var row machineRow
-	err := db.Where("id = ?", id).Take(&row).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
+	m, err := scanMachine(db.Raw("SELECT "+machineCols+" FROM machines WHERE id = ?", id).Row())
+	if errors.Is(err, sql.ErrNoRows) {
 		return Machine{}, fmt.Errorf("machine %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return Machine{}, fmt.Errorf("get machine %s: %w", id, classify(err))
 	}
-	return row.toMachine(), nil
+	return m, nil
+}
+
+// machineCols are the columns scanMachine reads, in its order: a machine's
+// reads are written out and scanned by hand, since every step of the
+// simulator reads its machine back and every job its cluster's machines.
+const machineCols = "id, cluster_id, role, power, joined, cordoned, kubernetes_version, attached_iso, offering, create_time, update_time"
+
+// scanMachine scans one row of machineCols.
+func scanMachine(r interface{ Scan(dest ...any) error }) (Machine, error) {
+	var m Machine
+	if err := r.Scan(&m.ID, &m.ClusterID, &m.Role, &m.Power, &m.Joined, &m.Cordoned, &m.KubernetesVersion,
+		&m.AttachedISO, &m.Offering, &m.CreateTime, &m.UpdateTime); err != nil {
+		return Machine{}, err
+	}
+	m.CreateTime, m.UpdateTime = m.CreateTime.UTC(), m.UpdateTime.UTC()
+	return m, nil
 }
 
 // ListMachines returns the machines of the given clusters ("" names the free
@@ -180,7 +196,7 @@ func (s *Store) readMachines(ctx context.Context, clusterIDs []string) ([]Machin
 	for i, id := range clusterIDs {
 		args[i] = id
 	}
-	rows, err := s.readDB().QueryContext(ctx, "SELECT id, cluster_id, role, power, joined, cordoned, kubernetes_version, attached_iso, offering, create_time, update_time"+
+	rows, err := s.readDB().QueryContext(ctx, "SELECT "+machineCols+
 		" FROM machines WHERE cluster_id IN (?"+strings.Repeat(", ?", len(clusterIDs)-1)+") ORDER BY create_time, id", args...)
 	if err != nil {
 		return nil, fmt.Errorf("list machines: %w", classify(err))
@@ -188,12 +204,10 @@ func (s *Store) readMachines(ctx context.Context, clusterIDs []string) ([]Machin
 	defer rows.Close()
 	out := []Machine{}
 	for rows.Next() {
-		var m Machine
-		if err := rows.Scan(&m.ID, &m.ClusterID, &m.Role, &m.Power, &m.Joined, &m.Cordoned, &m.KubernetesVersion,
-			&m.AttachedISO, &m.Offering, &m.CreateTime, &m.UpdateTime); err != nil {
+		m, err := scanMachine(rows)
+		if err != nil {
 			return nil, fmt.Errorf("list machines: %w", classify(err))
 		}
-		m.CreateTime, m.UpdateTime = m.CreateTime.UTC(), m.UpdateTime.UTC()
 		out = append(out, m)
 	}
 	if err := rows.Err(); err != nil {
