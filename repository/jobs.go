@@ -146,14 +146,14 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 	write := func() error {
 		return s.transaction(ctx, func(tx *gorm.DB) error {
 			now = s.stamp()
-			db := whereHeld(tx.Model(&jobRow{}), jobID, p.Attempt)
+			// Written out: every step of every job writes it.
+			held, args := heldCond(jobID, p.Attempt)
 			if unlessCancelled {
-				db = db.Where("cancel_requested = ?", false)
+				held += " AND cancel_requested = ?"
+				args = append(args, false)
 			}
-			res = db.Updates(map[string]any{
-				"step": p.Step, "steps_done": p.StepsDone, "steps_total": p.StepsTotal,
-				"update_time": now,
-			})
+			res = tx.Exec("UPDATE jobs SET step = ?, steps_done = ?, steps_total = ?, update_time = ? WHERE "+held,
+				append([]any{p.Step, p.StepsDone, p.StepsTotal, now}, args...)...)
 			if res.Error != nil || res.RowsAffected != 1 {
 				return classify(res.Error)
 			}
@@ -192,11 +192,16 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 // compare-and-set on the job's row; progress, which writes nothing else,
 // carries only it and takes no lock (see RecordProgress).
 func whereHeld(db *gorm.DB, id string, attempt int32) *gorm.DB {
-	db = db.Where("id = ? AND status = ?", id, string(JobInProgress))
+	cond, args := heldCond(id, attempt)
+	return db.Where(cond, args...)
+}
+
+// heldCond is whereHeld's condition, for a statement written out.
+func heldCond(id string, attempt int32) (string, []any) {
 	if attempt > 0 {
-		db = db.Where("attempt = ?", attempt)
+		return "id = ? AND status = ? AND attempt = ?", []any{id, string(JobInProgress), attempt}
 	}
-	return db
+	return "id = ? AND status = ?", []any{id, string(JobInProgress)}
 }
 
 // JobConflictError says a job write expected the job IN_PROGRESS at the
