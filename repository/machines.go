@@ -221,45 +221,57 @@ func (s *Store) readMachines(ctx context.Context, clusterIDs []string) ([]Machin
 // not meet cond is left alone and the error is ErrConflict (with what the
 // row holds now); a missing machine is ErrNotFound.
 func (s *Store) UpdateMachine(ctx context.Context, id string, cond MachineCondition, ch MachineChanges) (Machine, error) {
-	set := map[string]any{"update_time": s.stamp()}
+	// Written out: every step of the simulator changes a machine.
+	set := "update_time = ?"
+	args := []any{s.stamp()}
+	add := func(col string, v any) {
+		set += ", " + col + " = ?"
+		args = append(args, v)
+	}
 	if ch.ClusterID != nil {
-		set["cluster_id"] = *ch.ClusterID
+		add("cluster_id", *ch.ClusterID)
 	}
 	if ch.Role != nil {
-		set["role"] = *ch.Role
+		add("role", *ch.Role)
 	}
 	if ch.Power != nil {
-		set["power"] = *ch.Power
+		add("power", *ch.Power)
 	}
 	if ch.Joined != nil {
-		set["joined"] = *ch.Joined
+		add("joined", *ch.Joined)
 	}
 	if ch.Cordoned != nil {
-		set["cordoned"] = *ch.Cordoned
+		add("cordoned", *ch.Cordoned)
 	}
 	if ch.KubernetesVersion != nil {
-		set["kubernetes_version"] = *ch.KubernetesVersion
+		add("kubernetes_version", *ch.KubernetesVersion)
 	}
 	if ch.AttachedISO != nil {
-		set["attached_iso"] = *ch.AttachedISO
+		add("attached_iso", *ch.AttachedISO)
 	}
 	if ch.Offering != nil {
-		set["offering"] = *ch.Offering
+		add("offering", *ch.Offering)
+	}
+	where := "id = ?"
+	args = append(args, id)
+	if n := len(cond.ClusterIDs); n > 0 {
+		where += " AND cluster_id IN (?" + strings.Repeat(", ?", n-1) + ")"
+		for _, c := range cond.ClusterIDs {
+			args = append(args, c)
+		}
+	}
+	if cond.Role != "" {
+		where += " AND role = ?"
+		args = append(args, cond.Role)
+	}
+	if cond.Power != "" {
+		where += " AND power = ?"
+		args = append(args, cond.Power)
 	}
 
 	var out Machine
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
-		q := tx.Model(&machineRow{}).Where("id = ?", id)
-		if len(cond.ClusterIDs) > 0 {
-			q = q.Where("cluster_id IN ?", cond.ClusterIDs)
-		}
-		if cond.Role != "" {
-			q = q.Where("role = ?", cond.Role)
-		}
-		if cond.Power != "" {
-			q = q.Where("power = ?", cond.Power)
-		}
-		res := q.Updates(set)
+		res := tx.Exec("UPDATE machines SET "+set+" WHERE "+where, args...)
 		if res.Error != nil {
 			return fmt.Errorf("update machine %s: %w", id, classify(res.Error))
 		}
