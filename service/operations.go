@@ -33,8 +33,11 @@ type Operations struct {
 	poll    time.Duration
 	maxWait time.Duration
 
-	mu      sync.Mutex
-	changed chan struct{}
+	mu sync.Mutex
+	// ends holds, by job id, what wakes the WaitOperation calls on that
+	// job when it ends here (Notify): a job's end wakes its own waiters,
+	// not every open wait.
+	ends map[string]*jobEnd
 	// draining is closed by Drain: WaitOperation answers at once.
 	draining  chan struct{}
 	drainOnce sync.Once
@@ -58,7 +61,7 @@ type JobCanceller interface {
 // runner, which watches the jobs' rows).
 func NewOperations(store JobStore, local JobCanceller) *Operations {
 	return &Operations{store: store, local: local, poll: 200 * time.Millisecond, maxWait: 5 * time.Minute,
-		changed: make(chan struct{}), draining: make(chan struct{})}
+		ends: map[string]*jobEnd{}, draining: make(chan struct{})}
 }
 
 // Drain is part of a graceful stop: every WaitOperation, open or to come,
@@ -68,18 +71,42 @@ func (o *Operations) Drain() {
 	o.drainOnce.Do(func() { close(o.draining) })
 }
 
-// Notify wakes every WaitOperation; the job runner calls it when a job ends.
-func (o *Operations) Notify(repository.Job) {
-	o.mu.Lock()
-	close(o.changed)
-	o.changed = make(chan struct{})
-	o.mu.Unlock()
+// jobEnd is closed when its job ends here; waiters counts the calls that
+// wait on it, so that the last to leave removes it.
+type jobEnd struct {
+	done    chan struct{}
+	waiters int
 }
 
-func (o *Operations) changes() <-chan struct{} {
+// Notify wakes the WaitOperation calls on job j; the job runner calls it
+// when a job ends.
+func (o *Operations) Notify(j repository.Job) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.changed
+	if e, ok := o.ends[j.ID]; ok {
+		close(e.done)
+		delete(o.ends, j.ID)
+	}
+}
+
+// awaitEnd returns what is closed when job id ends here, and the function
+// a waiter calls when it stops waiting.
+func (o *Operations) awaitEnd(id string) (<-chan struct{}, func()) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	e, ok := o.ends[id]
+	if !ok {
+		e = &jobEnd{done: make(chan struct{})}
+		o.ends[id] = e
+	}
+	e.waiters++
+	return e.done, func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if e.waiters--; e.waiters == 0 && o.ends[id] == e {
+			delete(o.ends, id)
+		}
+	}
 }
 
 // GetOperation returns an operation's latest state.
@@ -178,8 +205,9 @@ func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitO
 	defer timer.Stop()
 	tick := time.NewTicker(o.poll)
 	defer tick.Stop()
+	ended, leave := o.awaitEnd(j.ID)
+	defer leave()
 	for {
-		changed := o.changes()
 		if j, err = o.store.GetJob(ctx, j.ID); err != nil {
 			return nil, notFound(err, req.GetName())
 		}
@@ -187,7 +215,8 @@ func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitO
 			return toOperation(j)
 		}
 		select {
-		case <-changed:
+		case <-ended:
+			ended = nil // read once more; polls from then on
 		case <-tick.C:
 		case <-o.draining:
 			return toOperation(j)
