@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -51,15 +52,30 @@ func insertJob(tx *gorm.DB, j jobRow) error {
 
 // GetJob reads one job.
 func (s *Store) GetJob(ctx context.Context, id string) (Job, error) {
-	var row jobRow
-	err := s.rdb.WithContext(ctx).Where("id = ?", id).Take(&row).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
+	row, err := scanJob(s.rdb.WithContext(ctx).Raw("SELECT "+jobCols+" FROM jobs WHERE id = ?", id).Row())
+	if errors.Is(err, sql.ErrNoRows) {
 		return Job{}, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return Job{}, fmt.Errorf("get job %s: %w", id, classify(err))
 	}
 	return row.toJob(), nil
+}
+
+// jobCols are the columns of a Job, in scanJob's order: a job's read is
+// written out and scanned by hand, since every GetOperation and every
+// WaitOperation (at each wake) reads one.
+const jobCols = "id, kind, account, resource_id, server_id, server_incarnation, status, request_id, request_hash," +
+	" params, result, error, step, steps_done, steps_total, cancel_requested, attempt, handed_off," +
+	" deadline, create_time, update_time, end_time"
+
+// scanJob scans one row of jobCols.
+func scanJob(r interface{ Scan(dest ...any) error }) (jobRow, error) {
+	var j jobRow
+	err := r.Scan(&j.ID, &j.Kind, &j.Account, &j.ResourceID, &j.ServerID, &j.ServerIncarnation, &j.Status, &j.RequestID, &j.RequestHash,
+		&j.Params, &j.Result, &j.Error, &j.Step, &j.StepsDone, &j.StepsTotal, &j.CancelRequested, &j.Attempt, &j.HandedOff,
+		&j.Deadline, &j.CreateTime, &j.UpdateTime, &j.EndTime)
+	return j, err
 }
 
 // GetJobByRequestID finds the job a request id (AIP-155) of an account
