@@ -42,6 +42,9 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-sync", true),
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium keeps its singleton socket in a folder of TMPDIR, not of
+		// the profile: one of the test's own, removed with it.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 		chromedp.WindowSize(1280, 900),
 	)
 	t.Cleanup(cancelAlloc)
