@@ -104,9 +104,9 @@ func (s *Store) recordClusterChange(tx *gorm.DB, clusterID, operation string) er
 	if s.backend == MySQL {
 		last = "LAST_INSERT_ID()"
 	}
-	err := tx.Exec("INSERT INTO cluster_changes (cluster_id, account, operation, kind, time, state, version, current_operation, event_id)"+
+	_, err := execDirect(tx, "INSERT INTO cluster_changes (cluster_id, account, operation, kind, time, state, version, current_operation, event_id)"+
 		" SELECT id, account, ?, ?, "+s.dbNow()+", state, version, current_operation, "+last+" FROM clusters WHERE id = ?",
-		operation, ChangeHistory, clusterID).Error
+		operation, ChangeHistory, clusterID)
 	if err != nil {
 		return fmt.Errorf("record change of cluster %s: %w", clusterID, classify(err))
 	}
@@ -114,13 +114,14 @@ func (s *Store) recordClusterChange(tx *gorm.DB, clusterID, operation string) er
 }
 
 // recordJobChanges appends a feed row of kind for each job of cond (a
-// condition on jobs, aliased j, and its arguments) as tx wrote it. It reads
+// condition on jobs, aliased j, and its scalar arguments: a list is
+// written out as placeholders) as tx wrote it. It reads
 // only the jobs' rows, which the caller's write holds already, so it takes
 // no lock a writer of progress did not take before.
 func (s *Store) recordJobChanges(tx *gorm.DB, kind, cond string, args ...any) error {
-	err := tx.Exec("INSERT INTO cluster_changes (cluster_id, account, operation, kind, time, step, steps_done, steps_total, status)"+
+	_, err := execDirect(tx, "INSERT INTO cluster_changes (cluster_id, account, operation, kind, time, step, steps_done, steps_total, status)"+
 		" SELECT COALESCE(j.resource_id, ''), j.account, j.id, ?, "+s.dbNow()+", j.step, j.steps_done, j.steps_total, j.status"+
-		" FROM jobs j WHERE "+cond, append([]any{kind}, args...)...).Error
+		" FROM jobs j WHERE "+cond, append([]any{kind}, args...)...)
 	if err != nil {
 		return fmt.Errorf("record %s change: %w", strings.ToLower(kind), classify(err))
 	}

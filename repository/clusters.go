@@ -508,12 +508,16 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 		set += ", status_message = ?, status_time = ?"
 		args = append(args, st.Message, st.Time)
 	}
-	res := tx.Exec("UPDATE clusters SET "+set+" WHERE id = ? AND state = ? AND version = ? AND current_operation = ?",
+	res, err := execDirect(tx, "UPDATE clusters SET "+set+" WHERE id = ? AND state = ? AND version = ? AND current_operation = ?",
 		append(args, t.ClusterID, t.Expect.State.String(), t.Expect.Version, t.Expect.Operation)...)
-	if res.Error != nil {
-		return Cluster{}, fmt.Errorf("update cluster %s: %w", t.ClusterID, classify(res.Error))
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
 	}
-	if res.RowsAffected != 1 {
+	if err != nil {
+		return Cluster{}, fmt.Errorf("update cluster %s: %w", t.ClusterID, classify(err))
+	}
+	if n != 1 {
 		return Cluster{}, errMissed
 	}
 	if to == lifecycle.Destroyed {
@@ -529,8 +533,8 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 	if server == "" {
 		server = s.server
 	}
-	if err := tx.Exec("INSERT INTO cluster_events (cluster_id, time, from_state, event, to_state, operation, server, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-		t.ClusterID, now, t.Expect.State.String(), name, to.String(), op, server, t.Message).Error; err != nil {
+	if _, err := execDirect(tx, "INSERT INTO cluster_events (cluster_id, time, from_state, event, to_state, operation, server, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+		t.ClusterID, now, t.Expect.State.String(), name, to.String(), op, server, t.Message); err != nil {
 		return Cluster{}, fmt.Errorf("insert event for cluster %s: %w", t.ClusterID, classify(err))
 	}
 	if err := s.recordClusterChange(tx, t.ClusterID, op); err != nil {

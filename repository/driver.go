@@ -35,8 +35,8 @@ func (s *Store) ServerID() string { return s.server }
 // held the cluster.
 func (s *Store) LatestEventID(ctx context.Context, clusterID string) (int64, error) {
 	var last int64
-	if err := s.rdb.WithContext(ctx).Raw("SELECT COALESCE(MAX(id), 0) FROM cluster_events WHERE cluster_id = ?", clusterID).
-		Row().Scan(&last); err != nil {
+	if err := rowDirect(s.rdb.WithContext(ctx), "SELECT COALESCE(MAX(id), 0) FROM cluster_events WHERE cluster_id = ?", clusterID).
+		Scan(&last); err != nil {
 		return 0, fmt.Errorf("read history of cluster %s: %w", clusterID, classify(err))
 	}
 	return last, nil

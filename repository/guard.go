@@ -106,7 +106,7 @@ func (s *Store) guard(tx *gorm.DB, f Fence, whole bool) (held, error) {
 		}
 		h.clusterOp = h.cluster.CurrentOperation
 	} else {
-		err = tx.Raw("SELECT current_operation FROM clusters WHERE id = ?"+lock, f.ClusterID).Row().Scan(&h.clusterOp)
+		err = rowDirect(tx, "SELECT current_operation FROM clusters WHERE id = ?"+lock, f.ClusterID).Scan(&h.clusterOp)
 	}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -115,7 +115,7 @@ func (s *Store) guard(tx *gorm.DB, f Fence, whole bool) (held, error) {
 	default:
 		h.clusterFound = true
 	}
-	err = tx.Raw("SELECT status, attempt, server_id FROM jobs WHERE id = ?"+lock, f.JobID).Row().Scan(&h.jobStatus, &h.jobAttempt, &h.jobServer)
+	err = rowDirect(tx, "SELECT status, attempt, server_id FROM jobs WHERE id = ?"+lock, f.JobID).Scan(&h.jobStatus, &h.jobAttempt, &h.jobServer)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:

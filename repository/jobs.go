@@ -37,13 +37,13 @@ func newJobRow(nj NewJob, clusterID, account string, now time.Time) jobRow {
 
 // insertJob inserts a new job's row (written out: every claim makes one).
 func insertJob(tx *gorm.DB, j jobRow) error {
-	err := tx.Exec("INSERT INTO jobs (id, kind, account, resource_id, server_id, server_incarnation, status, request_id, request_hash,"+
+	_, err := execDirect(tx, "INSERT INTO jobs (id, kind, account, resource_id, server_id, server_incarnation, status, request_id, request_hash,"+
 		" params, result, error, step, steps_done, steps_total, cancel_requested, deadline, create_time, update_time,"+
 		" target_version, target_offering)"+
 		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		j.ID, j.Kind, j.Account, j.ResourceID, j.ServerID, j.ServerIncarnation, j.Status, j.RequestID, j.RequestHash,
 		j.Params, j.Result, j.Error, j.Step, j.StepsDone, j.StepsTotal, j.CancelRequested, j.Deadline, j.CreateTime, j.UpdateTime,
-		j.TargetVersion, j.TargetOffering).Error
+		j.TargetVersion, j.TargetOffering)
 	if err != nil {
 		return fmt.Errorf("insert job: %w", classify(err))
 	}
@@ -52,7 +52,7 @@ func insertJob(tx *gorm.DB, j jobRow) error {
 
 // GetJob reads one job.
 func (s *Store) GetJob(ctx context.Context, id string) (Job, error) {
-	row, err := scanJob(s.rdb.WithContext(ctx).Raw("SELECT "+jobCols+" FROM jobs WHERE id = ?", id).Row())
+	row, err := scanJob(rowDirect(s.rdb.WithContext(ctx), "SELECT "+jobCols+" FROM jobs WHERE id = ?", id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Job{}, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
@@ -155,7 +155,7 @@ type Progress struct {
 // record of a step, are what the guard's cluster lock orders.
 func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (Job, error) {
 	var (
-		res             *gorm.DB
+		written         int64 // rows the last write changed
 		now             time.Time
 		unlessCancelled = true
 	)
@@ -168,10 +168,13 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 				held += " AND cancel_requested = ?"
 				args = append(args, false)
 			}
-			res = tx.Exec("UPDATE jobs SET step = ?, steps_done = ?, steps_total = ?, update_time = ? WHERE "+held,
+			res, err := execDirect(tx, "UPDATE jobs SET step = ?, steps_done = ?, steps_total = ?, update_time = ? WHERE "+held,
 				append([]any{p.Step, p.StepsDone, p.StepsTotal, now}, args...)...)
-			if res.Error != nil || res.RowsAffected != 1 {
-				return classify(res.Error)
+			if err == nil {
+				written, err = res.RowsAffected()
+			}
+			if err != nil || written != 1 {
+				return classify(err)
 			}
 			return s.recordJobChanges(tx, ChangeProgress, "j.id = ?", jobID)
 		})
@@ -179,7 +182,7 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 	if err := write(); err != nil {
 		return Job{}, fmt.Errorf("record progress of job %s: %w", jobID, err)
 	}
-	if res.RowsAffected == 1 {
+	if written == 1 {
 		return Job{ID: jobID, Status: JobInProgress, Attempt: p.Attempt, Step: p.Step, StepsDone: p.StepsDone, StepsTotal: p.StepsTotal, UpdateTime: now}, nil
 	}
 	job, err := s.GetJob(ctx, jobID)
@@ -195,7 +198,7 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 	if err := write(); err != nil {
 		return Job{}, fmt.Errorf("record progress of job %s: %w", jobID, err)
 	}
-	if res.RowsAffected != 1 {
+	if written != 1 {
 		return s.jobMissed(ctx, jobID) // ended or adopted in between
 	}
 	job.Step, job.StepsDone, job.StepsTotal, job.UpdateTime = p.Step, p.StepsDone, p.StepsTotal, now

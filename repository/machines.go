@@ -142,7 +142,7 @@ func (s *Store) GetMachine(ctx context.Context, id string) (Machine, error) {
 }
 
 func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
-	m, err := scanMachine(db.Raw("SELECT "+machineCols+" FROM machines WHERE id = ?", id).Row())
+	m, err := scanMachine(rowDirect(db, "SELECT "+machineCols+" FROM machines WHERE id = ?", id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Machine{}, fmt.Errorf("machine %s: %w", id, ErrNotFound)
 	}
@@ -271,15 +271,19 @@ func (s *Store) UpdateMachine(ctx context.Context, id string, cond MachineCondit
 
 	var out Machine
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
-		res := tx.Exec("UPDATE machines SET "+set+" WHERE "+where, args...)
-		if res.Error != nil {
-			return fmt.Errorf("update machine %s: %w", id, classify(res.Error))
+		res, err := execDirect(tx, "UPDATE machines SET "+set+" WHERE "+where, args...)
+		var n int64
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		if err != nil {
+			return fmt.Errorf("update machine %s: %w", id, classify(err))
 		}
 		m, err := s.getMachine(tx, id)
 		if err != nil {
 			return err
 		}
-		if res.RowsAffected != 1 {
+		if n != 1 {
 			return fmt.Errorf("machine %s is %s, not %s: %w", id, describeMachine(m), cond, ErrConflict)
 		}
 		out = m

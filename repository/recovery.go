@@ -125,8 +125,12 @@ func (s *Store) failJobs(ctx context.Context, ids []string, errJSON string, cond
 		if res.Error != nil || n == 0 {
 			return classify(res.Error)
 		}
-		return s.recordJobChanges(tx, ChangeJobEnded, "j.id IN ? AND j.status = ? AND j.update_time = ? AND j.error = ?",
-			ids, string(JobFailed), now, errJSON)
+		args := make([]any, 0, len(ids)+3)
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		return s.recordJobChanges(tx, ChangeJobEnded, "j.id IN (?"+strings.Repeat(", ?", len(ids)-1)+") AND j.status = ? AND j.update_time = ? AND j.error = ?",
+			append(args, string(JobFailed), now, errJSON)...)
 	})
 	return n, err
 }
