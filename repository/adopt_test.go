@@ -162,6 +162,11 @@ func TestAdoptJobFencesTheOldOwner(t *testing.T) {
 				Release: &repository.Transition{ClusterID: c.ID, Expect: after.Expect(), Event: lifecycle.OperationFailed}}); !errors.As(err, &jc) {
 				t.Errorf("old owner's end: %v; want a JobConflictError", err)
 			}
+			// Also when its end leaves the cluster alone (no guard): the
+			// job's own write carries the attempt.
+			if _, err := s.FinishJob(ctx, repository.Finish{JobID: j.ID, Status: repository.JobFailed, Attempt: 1}); !errors.As(err, &jc) || jc.Attempt != 2 {
+				t.Errorf("old owner's end without a release: %v; want a JobConflictError naming attempt 2", err)
+			}
 			// Its moves expect the cluster as it last wrote it, which the
 			// adoption's history entry moved on.
 			if _, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.OperationFailed, Operation: j.ID}); !errors.Is(err, repository.ErrConflict) {

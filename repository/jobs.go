@@ -386,15 +386,24 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 			}
 		}
 		now = s.stamp()
-		set := map[string]any{
-			"status": string(f.Status), "result": f.Result, "error": f.Error,
-			"end_time": now, "update_time": now,
-		}
+		// Written out: every job's end writes it.
+		set := "status = ?, result = ?, error = ?, end_time = ?, update_time = ?"
+		args := []any{string(f.Status), f.Result, f.Error, now, now}
 		if p := f.Progress; p != nil {
-			set["step"], set["steps_done"], set["steps_total"] = p.Step, p.StepsDone, p.StepsTotal
+			set += ", step = ?, steps_done = ?, steps_total = ?"
+			args = append(args, p.Step, p.StepsDone, p.StepsTotal)
 		}
-		if err := updateHeld(tx.Model(&jobRow{}), f.JobID, f.Attempt, set); err != nil {
-			return err
+		held, hargs := heldCond(f.JobID, f.Attempt)
+		res, err := execDirect(tx, "UPDATE jobs SET "+set+" WHERE "+held, append(args, hargs...)...)
+		var n int64
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		switch {
+		case err != nil:
+			return fmt.Errorf("update job: %w", classify(err))
+		case n != 1:
+			return errMissed
 		}
 		return s.recordJobChanges(tx, ChangeJobEnded, "j.id = ?", f.JobID)
 	})
