@@ -188,6 +188,15 @@ func (o *Operations) ListOperations(ctx context.Context, req *longrunningpb.List
 // with the operation's latest state either way; and at once when the server
 // is stopping (Drain).
 func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitOperationRequest) (*longrunningpb.Operation, error) {
+	// The wait on the job's end begins before the job is read, so that one
+	// read serves both visibility and state: an end between that read and
+	// the wait still wakes it.
+	var ended <-chan struct{}
+	if id, err := parseName("name", req.GetName(), operationPrefix); err == nil {
+		var leave func()
+		ended, leave = o.awaitEnd(id)
+		defer leave()
+	}
 	j, err := o.visibleJob(ctx, req.GetName())
 	if err != nil {
 		return nil, err
@@ -205,12 +214,7 @@ func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitO
 	defer timer.Stop()
 	tick := time.NewTicker(o.poll)
 	defer tick.Stop()
-	ended, leave := o.awaitEnd(j.ID)
-	defer leave()
 	for {
-		if j, err = o.store.GetJob(ctx, j.ID); err != nil {
-			return nil, notFound(err, req.GetName())
-		}
 		if j.Status.Done() {
 			return toOperation(j)
 		}
@@ -229,6 +233,9 @@ func (o *Operations) WaitOperation(ctx context.Context, req *longrunningpb.WaitO
 				return toOperation(j)
 			}
 			return nil, ctx.Err()
+		}
+		if j, err = o.store.GetJob(ctx, j.ID); err != nil {
+			return nil, notFound(err, req.GetName())
 		}
 	}
 }
