@@ -52,6 +52,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clusterd/clusterd/repository"
@@ -238,7 +239,14 @@ type Runner struct {
 	// Abort cancels it.
 	finishCtx   context.Context
 	abortFinish context.CancelFunc
-	wg          sync.WaitGroup
+	// wg counts the jobs and the goroutines that run them (workers) and
+	// the watch: Shutdown waits for all.
+	wg sync.WaitGroup
+	// toWorker gives a job to a worker waiting for one; idleWorkers counts
+	// those waiting (see worker).
+	toWorker    chan func()
+	idleWorkers atomic.Int32
+	workerIdle  time.Duration
 
 	mu      sync.Mutex
 	stopped bool
@@ -281,6 +289,8 @@ func New(cfg Config) *Runner {
 		finishCtx:     finishCtx,
 		abortFinish:   abort,
 		running:       map[string]context.CancelCauseFunc{},
+		toWorker:      make(chan func()),
+		workerIdle:    workerIdle,
 	}
 }
 
@@ -313,7 +323,13 @@ func (r *Runner) Start(t Task) error {
 	r.running[t.Job.ID] = cancel
 	// Add under mu, which Shutdown takes before Wait: no Add can follow Wait.
 	r.wg.Add(1)
-	go r.run(t, jobCtx, func() { cancel(nil); stop() })
+	job := func() { r.run(t, jobCtx, func() { cancel(nil); stop() }) }
+	select {
+	case r.toWorker <- job:
+	default:
+		r.wg.Add(1)
+		go r.worker(job)
+	}
 	if r.watchEvery > 0 && !r.watching {
 		r.watching = true
 		r.wg.Add(1)
@@ -480,8 +496,46 @@ func (r *Runner) Abort() {
 	r.abortFinish()
 }
 
-// run is the job's goroutine: run the work on jobCtx, end the job, let go
-// of it (and of jobCtx, with done).
+// Workers: a job runs on a goroutine that, once the job has ended, waits
+// for the next job for up to workerIdle, so that a busy server does not
+// start a goroutine a job. A new goroutine's stack grows, by copies, to
+// what the database drivers' calls need (SQLite's, translated from C, are
+// deep): 5-7% of clusterd's CPU in a parked admission when every job had a
+// goroutine of its own (BENCHMARKS.md). At most maxIdleWorkers wait.
+const (
+	workerIdle     = 10 * time.Second
+	maxIdleWorkers = 64
+)
+
+// worker runs job, then the jobs Start hands it, until it has waited
+// workerIdle for one, more than maxIdleWorkers wait, or the runner stops.
+func (r *Runner) worker(job func()) {
+	defer r.wg.Done()
+	idle := time.NewTimer(r.workerIdle)
+	defer idle.Stop()
+	for {
+		job()
+		job = nil // let go of the task while waiting
+		if r.idleWorkers.Add(1) > maxIdleWorkers {
+			r.idleWorkers.Add(-1)
+			return
+		}
+		idle.Reset(r.workerIdle)
+		select {
+		case job = <-r.toWorker:
+			r.idleWorkers.Add(-1)
+		case <-idle.C:
+			r.idleWorkers.Add(-1)
+			return
+		case <-r.ctx.Done():
+			r.idleWorkers.Add(-1)
+			return
+		}
+	}
+}
+
+// run is the job's work on a worker: run the work on jobCtx, end the job,
+// let go of it (and of jobCtx, with done).
 func (r *Runner) run(t Task, jobCtx context.Context, done func()) {
 	defer r.wg.Done()
 	defer done()

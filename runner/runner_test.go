@@ -943,3 +943,34 @@ func TestReserveRefusesAJobThatRunsHere(t *testing.T) {
 		stop(t, e)
 	})
 }
+
+// A job runs on a worker that, once the job has ended, waits for the next
+// one; Shutdown does not wait for those workers' wait to run out. Here they
+// would wait an hour.
+func TestShutdownStopsTheWorkersWaitingForJobs(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		runner.SetWorkerIdle(e.r, time.Hour)
+		for _, name := range []string{"first", "second"} {
+			held, job := starting(t, e, name, inAnHour())
+			err := e.r.Start(runner.Task{
+				Job: job,
+				Run: func(ctx context.Context, p *runner.Progress) (runner.Outcome, error) {
+					if err := p.Step(ctx, "power_on"); err != nil {
+						return runner.Outcome{}, err
+					}
+					return runner.Outcome{Release: succeed(held)}, nil
+				},
+			})
+			if err != nil {
+				t.Fatalf("Start(%s): %v", name, err)
+			}
+			// The second job starts once the first has ended: on the
+			// first one's worker, which waits for it.
+			if got := ended(t, e, job.ID); got.Status != repository.JobSucceeded {
+				t.Errorf("job %s = %s; want SUCCEEDED", name, got.Status)
+			}
+			wantCluster(t, e, held.ID, lifecycle.Running, "")
+		}
+		stop(t, e)
+	})
+}
