@@ -500,8 +500,9 @@ func (r *Runner) Abort() {
 // for the next job for up to workerIdle, so that a busy server does not
 // start a goroutine a job. A new goroutine's stack grows, by copies, to
 // what the database drivers' calls need (SQLite's, translated from C, are
-// deep): 5-7% of clusterd's CPU in a parked admission when every job had a
-// goroutine of its own (BENCHMARKS.md). At most maxIdleWorkers wait.
+// deep): 1-3% of clusterd's CPU with jobs running when every job had a
+// goroutine of its own (BENCHMARKS.md). A job waiting in a step holds its
+// worker. At most maxIdleWorkers wait.
 const (
 	workerIdle     = 10 * time.Second
 	maxIdleWorkers = 64
