@@ -51,6 +51,7 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 			_, peerJob := claimOn(t, s, "c", peer)
 			dead, _ := s.RegisterServer(ctx, "dead")
 			_, deadJob := claimOn(t, s, "d", dead)
+			_, deadJob2 := claimOn(t, s, "e", dead)
 
 			// 10 s later: everyone but "dead" heartbeats.
 			now = now.Add(10 * time.Second)
@@ -60,11 +61,11 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 				}
 			}
 			restarted, stopped, err := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), nil, errJSON("server restarted"), errJSON("owner server stopped"))
-			if err != nil || restarted != 1 || stopped != 1 {
-				t.Fatalf("FailJobsOfDeadServers = %d restarted, %d stopped, %v; want 1, 1", restarted, stopped, err)
+			if err != nil || restarted != 1 || stopped != 2 {
+				t.Fatalf("FailJobsOfDeadServers = %d restarted, %d stopped, %v; want 1, 2", restarted, stopped, err)
 			}
 			want := map[string]repository.JobStatus{restartedJob.ID: repository.JobFailed, mine.ID: repository.JobInProgress,
-				peerJob.ID: repository.JobInProgress, deadJob.ID: repository.JobFailed}
+				peerJob.ID: repository.JobInProgress, deadJob.ID: repository.JobFailed, deadJob2.ID: repository.JobFailed}
 			for id, st := range want {
 				j, _ := s.GetJob(ctx, id)
 				if j.Status != st {
@@ -76,6 +77,19 @@ func TestFailJobsOfDeadServers(t *testing.T) {
 			}
 			if j, _ := s.GetJob(ctx, deadJob.ID); j.Error != errJSON("owner server stopped") {
 				t.Errorf("dead server's job error = %s", j.Error)
+			}
+			// Each failed job's end is in the change feed, once; the running
+			// jobs' are not.
+			ends := map[string]int{}
+			for _, c := range readAll(t, s, repository.ChangeQuery{}) {
+				if c.Kind == repository.ChangeJobEnded {
+					ends[c.Operation]++
+				}
+			}
+			for id, st := range want {
+				if n := ends[id]; (st == repository.JobFailed) != (n == 1) || n > 1 {
+					t.Errorf("job %s (%s): %d ends in the feed", id, st, n)
+				}
 			}
 			// Running it again changes nothing: the CAS is on IN_PROGRESS.
 			if r, st, _ := s.FailJobsOfDeadServers(ctx, self, now.Add(-6*time.Second), nil, errJSON("server restarted"), errJSON("owner server stopped")); r+st != 0 {
