@@ -508,12 +508,8 @@ func (s *Store) casCluster(tx *gorm.DB, t Transition) (Cluster, error) {
 		set += ", status_message = ?, status_time = ?"
 		args = append(args, st.Message, st.Time)
 	}
-	res, err := execDirect(tx, "UPDATE clusters SET "+set+" WHERE id = ? AND state = ? AND version = ? AND current_operation = ?",
+	n, err := execDirect(tx, "UPDATE clusters SET "+set+" WHERE id = ? AND state = ? AND version = ? AND current_operation = ?",
 		append(args, t.ClusterID, t.Expect.State.String(), t.Expect.Version, t.Expect.Operation)...)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
 	if err != nil {
 		return Cluster{}, fmt.Errorf("update cluster %s: %w", t.ClusterID, classify(err))
 	}

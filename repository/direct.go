@@ -12,9 +12,14 @@ import (
 // tx.Exec adds cost a claim about a tenth of clusterd's CPU (profiles in
 // BENCHMARKS.md). The statement, its connection and its arguments are what
 // tx.Exec would send; arguments must be scalars (GORM's expansion of a
-// slice into a list of placeholders is not done).
-func execDirect(db *gorm.DB, query string, args ...any) (sql.Result, error) {
-	return db.Statement.ConnPool.ExecContext(db.Statement.Context, query, args...)
+// slice into a list of placeholders is not done). It returns how many rows
+// the statement changed, which both backends' drivers always know.
+func execDirect(db *gorm.DB, query string, args ...any) (int64, error) {
+	res, err := db.Statement.ConnPool.ExecContext(db.Statement.Context, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // rowDirect is execDirect's read of one row, for the scanned-by-hand reads

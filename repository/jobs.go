@@ -168,11 +168,9 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 				held += " AND cancel_requested = ?"
 				args = append(args, false)
 			}
-			res, err := execDirect(tx, "UPDATE jobs SET step = ?, steps_done = ?, steps_total = ?, update_time = ? WHERE "+held,
+			var err error
+			written, err = execDirect(tx, "UPDATE jobs SET step = ?, steps_done = ?, steps_total = ?, update_time = ? WHERE "+held,
 				append([]any{p.Step, p.StepsDone, p.StepsTotal, now}, args...)...)
-			if err == nil {
-				written, err = res.RowsAffected()
-			}
 			if err != nil || written != 1 {
 				return classify(err)
 			}
@@ -394,11 +392,7 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 			args = append(args, p.Step, p.StepsDone, p.StepsTotal)
 		}
 		held, hargs := heldCond(f.JobID, f.Attempt)
-		res, err := execDirect(tx, "UPDATE jobs SET "+set+" WHERE "+held, append(args, hargs...)...)
-		var n int64
-		if err == nil {
-			n, err = res.RowsAffected()
-		}
+		n, err := execDirect(tx, "UPDATE jobs SET "+set+" WHERE "+held, append(args, hargs...)...)
 		switch {
 		case err != nil:
 			return fmt.Errorf("update job: %w", classify(err))

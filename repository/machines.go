@@ -271,11 +271,7 @@ func (s *Store) UpdateMachine(ctx context.Context, id string, cond MachineCondit
 
 	var out Machine
 	err := s.transaction(ctx, func(tx *gorm.DB) error {
-		res, err := execDirect(tx, "UPDATE machines SET "+set+" WHERE "+where, args...)
-		var n int64
-		if err == nil {
-			n, err = res.RowsAffected()
-		}
+		n, err := execDirect(tx, "UPDATE machines SET "+set+" WHERE "+where, args...)
 		if err != nil {
 			return fmt.Errorf("update machine %s: %w", id, classify(err))
 		}
