@@ -166,8 +166,7 @@ func (s *Store) HandOffJob(ctx context.Context, h HandOff) (Job, error) {
 		}); err != nil {
 			return err
 		}
-		return updateHeld(tx.Model(&jobRow{}), j.ID, j.Attempt,
-			map[string]any{"handed_off": true, "update_time": s.stamp()})
+		return updateHeld(tx, j.ID, j.Attempt, "handed_off = ?, update_time = ?", true, s.stamp())
 	})
 	if errors.Is(err, errMissed) {
 		return s.jobMissed(ctx, j.ID)

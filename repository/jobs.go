@@ -237,14 +237,17 @@ func jobConflict(j Job) *JobConflictError {
 	return &JobConflictError{JobID: j.ID, Status: j.Status, Attempt: j.Attempt, ServerID: j.ServerID}
 }
 
-// updateHeld writes set to job id while it is IN_PROGRESS at attempt (any,
-// when 0; see whereHeld); errMissed when it is not.
-func updateHeld(db *gorm.DB, id string, attempt int32, set map[string]any) error {
-	res := whereHeld(db, id, attempt).Updates(set)
-	if res.Error != nil {
-		return fmt.Errorf("update job: %w", classify(res.Error))
-	}
-	if res.RowsAffected != 1 {
+// updateHeld writes set (assignments of columns to placeholders, and their
+// arguments) to job id while it is IN_PROGRESS at attempt (any, when 0; see
+// whereHeld); errMissed when it is not. Written out: every job's end writes
+// it.
+func updateHeld(tx *gorm.DB, id string, attempt int32, set string, args ...any) error {
+	held, hargs := heldCond(id, attempt)
+	n, err := execDirect(tx, "UPDATE jobs SET "+set+" WHERE "+held, append(args, hargs...)...)
+	switch {
+	case err != nil:
+		return fmt.Errorf("update job: %w", classify(err))
+	case n != 1:
 		return errMissed
 	}
 	return nil
@@ -384,20 +387,14 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 			}
 		}
 		now = s.stamp()
-		// Written out: every job's end writes it.
 		set := "status = ?, result = ?, error = ?, end_time = ?, update_time = ?"
 		args := []any{string(f.Status), f.Result, f.Error, now, now}
 		if p := f.Progress; p != nil {
 			set += ", step = ?, steps_done = ?, steps_total = ?"
 			args = append(args, p.Step, p.StepsDone, p.StepsTotal)
 		}
-		held, hargs := heldCond(f.JobID, f.Attempt)
-		n, err := execDirect(tx, "UPDATE jobs SET "+set+" WHERE "+held, append(args, hargs...)...)
-		switch {
-		case err != nil:
-			return fmt.Errorf("update job: %w", classify(err))
-		case n != 1:
-			return errMissed
+		if err := updateHeld(tx, f.JobID, f.Attempt, set, args...); err != nil {
+			return err
 		}
 		return s.recordJobChanges(tx, ChangeJobEnded, "j.id = ?", f.JobID)
 	})
