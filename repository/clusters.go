@@ -211,7 +211,8 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 		Server: nj.ServerID, Message: "cluster created",
 	}
 	uses := Uses{Version: nc.Spec.KubernetesVersion, Offering: nc.Spec.ServiceOffering, ControlOffering: nc.Spec.ControlOffering}
-	err := s.transaction(ctx, func(tx *gorm.DB) error {
+	err := s.batched(ctx, func(tx *gorm.DB) error {
+		ctx := tx.Statement.Context // a batch's member runs without cancellation
 		if err := s.use(tx, uses); err != nil {
 			return err
 		}
@@ -359,7 +360,7 @@ func (s *Store) readClusters(ctx context.Context, query string, args ...any) ([]
 // is a *lifecycle.TransitionError, and nothing is written in either case.
 func (s *Store) Transition(ctx context.Context, t Transition) (Cluster, error) {
 	var out Cluster
-	err := s.transaction(ctx, func(tx *gorm.DB) error {
+	err := s.batched(ctx, func(tx *gorm.DB) error {
 		c, err := s.casCluster(tx, t)
 		out = c
 		return err
@@ -389,7 +390,8 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		out Cluster
 		job jobRow
 	)
-	err := s.transaction(ctx, func(tx *gorm.DB) error {
+	err := s.batched(ctx, func(tx *gorm.DB) error {
+		ctx := tx.Statement.Context // a batch's member runs without cancellation
 		var (
 			before heldRow
 			delta  Usage

@@ -160,7 +160,7 @@ func (s *Store) RecordProgress(ctx context.Context, jobID string, p Progress) (J
 		unlessCancelled = true
 	)
 	write := func() error {
-		return s.transaction(ctx, func(tx *gorm.DB) error {
+		return s.batched(ctx, func(tx *gorm.DB) error {
 			now = s.stamp()
 			// Written out: every step of every job writes it.
 			held, args := heldCond(jobID, p.Attempt)
@@ -281,7 +281,7 @@ func (e *JobConflictError) Unwrap() error { return ErrConflict }
 // appends a progress row to the change feed, so that watchers learn of it
 // before the job's next step.
 func (s *Store) RequestCancel(ctx context.Context, jobID string) (Job, error) {
-	err := s.transaction(ctx, func(tx *gorm.DB) error {
+	err := s.batched(ctx, func(tx *gorm.DB) error {
 		res := tx.Model(&jobRow{}).
 			Where("id = ? AND status = ? AND cancel_requested = ?", jobID, string(JobInProgress), false).
 			Updates(map[string]any{"cancel_requested": true, "update_time": s.stamp()})
@@ -364,7 +364,7 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 	}
 	notHeld := false
 	var now time.Time
-	err := s.transaction(ctx, func(tx *gorm.DB) error {
+	err := s.batched(ctx, func(tx *gorm.DB) error {
 		notHeld = false // this may be a second attempt
 		if f.Release != nil {
 			t := *f.Release

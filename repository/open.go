@@ -146,6 +146,9 @@ type Store struct {
 	idleTx time.Duration
 	// hook, optional, sees every command sent (WithCommandHook).
 	hook func(context.Context, Command)
+	// batch, on SQLite, commits the writes queued for the writer together
+	// (see batched).
+	batch *batcher
 }
 
 // Option changes how Open builds a Store.
@@ -291,6 +294,8 @@ func (s *Store) connect(ctx context.Context, conn, readers driver.Connector) err
 		// fail with SQLITE_BUSY under 8-32 concurrent writers; one connection
 		// serialises them without errors.
 		sqlDB.SetMaxOpenConns(1)
+		s.batch = &batcher{}
+		s.batch.run = s.runBatch
 	} else {
 		sqlDB.SetMaxOpenConns(32)
 		sqlDB.SetMaxIdleConns(16)
@@ -345,7 +350,9 @@ func (s *Store) Close() error {
 
 // sqliteDSN adds the pragmas clusterd relies on: WAL so readers do not block
 // the writer, a busy timeout for other processes (or Stores) on the same
-// file, and foreign keys. Transactions take the write lock up front (BEGIN
+// file, and foreign keys; and temporary files in memory, since a batch's
+// savepoints (see batcher) copy the pages each member changes to a
+// sub-journal, which SQLite otherwise spills to a file past 64 KiB. Transactions take the write lock up front (BEGIN
 // IMMEDIATE) instead of failing at their first write, but not through the
 // driver's _txlock parameter, which it ignores here: see immediateConnector.
 func sqliteDSN(path string) string {
@@ -353,7 +360,7 @@ func sqliteDSN(path string) string {
 	if strings.Contains(path, "?") {
 		sep = "&"
 	}
-	return path + sep + "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_time_format=sqlite"
+	return path + sep + "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_pragma=temp_store(MEMORY)&_time_format=sqlite"
 }
 
 // sqliteReaderDSN is the DSN of a reader connection: read-only (a write

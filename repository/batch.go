@@ -1,0 +1,249 @@
+package repository
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"gorm.io/gorm"
+)
+
+// batcher commits SQLite write transactions that queue for the one writer
+// connection together, in one transaction (group commit). A commit appends
+// every page its transaction changed to the WAL, and transactions that
+// commit together share the pages they all change (the rightmost leaves of
+// the jobs, history and feed tables and of their indexes): claim-shaped
+// transactions write 25 WAL frames each alone and 9-13 in batches of 4 to 8
+// (BENCHMARKS.md). Each member runs in a savepoint of its own, so a member's
+// error undoes its writes only, and its caller learns its own outcome once
+// the batch has committed: what a member reads or writes is as if the
+// members had committed one after the other, in the queue's order.
+//
+// A member's statements run without its context's cancellation, since
+// SQLite rolls back the whole transaction when it interrupts a write: a
+// member whose context ends before its turn is skipped, one whose context
+// ends during its turn finishes it. A member that a batch could not commit
+// through no fault of its own (another member's failure lost the
+// transaction, or the commit failed) gets a lock conflict, which its
+// transaction's retries run again, alone or in a later batch.
+//
+// Batching is for transactions that only read and write the database: a
+// Guarded change (a driver's code inside the transaction) runs alone.
+type batcher struct {
+	mu    sync.Mutex
+	queue []*batchMember
+	// busy is set while a leader takes and runs batches: a member that
+	// finds it set waits to be done, or to be told to lead the next batch.
+	busy bool
+	// run runs one batch: it sets each member's err (or panicked).
+	run func(batch []*batchMember)
+	// gather, when set (tests), is called by a leader before it takes the
+	// queue.
+	gather func()
+}
+
+// batchMember is one transaction in the queue.
+type batchMember struct {
+	ctx context.Context
+	fn  func(tx *gorm.DB) error
+	// taken is set, under the batcher's mu, once a leader has taken the
+	// member into a batch: it can no longer leave the queue.
+	taken    bool
+	err      error
+	panicked any
+	// done is closed when err is set; lead, under mu, when the member is to
+	// lead the next batch.
+	done, lead chan struct{}
+}
+
+// maxBatch bounds the transactions a batch commits, and so how long a
+// batch holds the writer connection.
+const maxBatch = 32
+
+// errBatchLost is what a member gets whose writes a batch rolled back
+// through no fault of its own: a lock conflict, so that its transaction is
+// run again.
+var errBatchLost = fmt.Errorf("the transaction this write shared was rolled back: %w", errLockConflict)
+
+// do queues fn and returns its outcome once the batch it joined has ended.
+// A panic in fn is raised again here, in its caller's goroutine.
+func (b *batcher) do(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	m := &batchMember{ctx: ctx, fn: fn, done: make(chan struct{}), lead: make(chan struct{})}
+	b.mu.Lock()
+	b.queue = append(b.queue, m)
+	leads := !b.busy
+	b.busy = true
+	b.mu.Unlock()
+	if !leads {
+		select {
+		case <-m.done:
+		case <-m.lead:
+			b.runNext()
+		case <-ctx.Done():
+			if b.leave(m) {
+				return ctx.Err()
+			}
+			// Taken, or told to lead: the leader skips a member whose
+			// context has ended.
+			select {
+			case <-m.done:
+			case <-m.lead:
+				b.runNext()
+			}
+		}
+	} else {
+		b.runNext()
+	}
+	<-m.done
+	if m.panicked != nil {
+		panic(m.panicked)
+	}
+	return m.err
+}
+
+// leave takes m out of the queue unless a leader has taken it or it is to
+// lead the next batch; it reports whether it did.
+func (b *batcher) leave(m *batchMember) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-m.lead:
+		return false
+	default:
+	}
+	if m.taken {
+		return false
+	}
+	for i, q := range b.queue {
+		if q == m {
+			b.queue = append(b.queue[:i:i], b.queue[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// runNext takes up to maxBatch members off the queue, runs them, and then
+// hands the lead to the first member still queued, if any.
+func (b *batcher) runNext() {
+	if b.gather != nil {
+		b.gather()
+	}
+	b.mu.Lock()
+	n := min(len(b.queue), maxBatch)
+	batch := make([]*batchMember, n)
+	copy(batch, b.queue)
+	b.queue = append(b.queue[:0:0], b.queue[n:]...)
+	for _, m := range batch {
+		m.taken = true
+	}
+	b.mu.Unlock()
+	b.run(batch)
+	for _, m := range batch {
+		close(m.done)
+	}
+	b.mu.Lock()
+	if len(b.queue) > 0 {
+		close(b.queue[0].lead)
+	} else {
+		b.busy = false
+	}
+	b.mu.Unlock()
+}
+
+// runBatch runs a batch on the writer connection: a lone member in a
+// transaction of its own, as without batching; several in one transaction,
+// each in a savepoint.
+func (s *Store) runBatch(batch []*batchMember) {
+	if len(batch) == 1 {
+		m := batch[0]
+		m.err, m.panicked = callMember(func() error { return classify(s.db.WithContext(m.ctx).Transaction(m.fn)) })
+		return
+	}
+	tx := s.db.WithContext(context.Background()).Begin()
+	if tx.Error != nil {
+		for _, m := range batch {
+			m.err = classify(tx.Error)
+		}
+		return
+	}
+	var (
+		ran  []*batchMember // members whose writes the commit keeps
+		lost bool           // the transaction is gone: run nothing more
+	)
+	for _, m := range batch {
+		if lost {
+			m.err = errBatchLost
+			continue
+		}
+		if err := m.ctx.Err(); err != nil {
+			m.err = err
+			continue
+		}
+		if _, err := execDirect(tx, "SAVEPOINT batch_member"); err != nil {
+			lost, m.err = true, errBatchLost
+			continue
+		}
+		mtx := tx.WithContext(context.WithoutCancel(m.ctx))
+		m.err, m.panicked = callMember(func() error { return m.fn(mtx) })
+		if m.err != nil || m.panicked != nil {
+			m.err = classify(m.err)
+			if _, err := execDirect(tx, "ROLLBACK TO batch_member"); err != nil {
+				// SQLite rolled the whole transaction back (an interrupt
+				// or an I/O error in the member's statements): so much
+				// as one more statement would run in autocommit.
+				lost = true
+				continue
+			}
+		}
+		if _, err := execDirect(tx, "RELEASE batch_member"); err != nil {
+			lost = true
+			if m.err == nil && m.panicked == nil {
+				m.err = errBatchLost
+			}
+			continue
+		}
+		if m.err == nil && m.panicked == nil {
+			ran = append(ran, m)
+		}
+	}
+	if lost {
+		_ = tx.Rollback().Error // the transaction may be gone already
+		for _, m := range ran {
+			m.err = errBatchLost
+		}
+		return
+	}
+	if err := tx.Commit().Error; err != nil {
+		err = fmt.Errorf("commit a batch of %d: %w", len(batch), classify(err))
+		for _, m := range ran {
+			m.err = err
+		}
+	}
+}
+
+// callMember calls fn, returning a panic's value rather than letting it
+// unwind the leader, whose batch still has members to answer.
+func callMember(fn func() error) (err error, panicked any) {
+	defer func() {
+		if r := recover(); r != nil {
+			panicked = r
+			if err == nil {
+				err = errors.New("panic in a batched transaction")
+			}
+		}
+	}()
+	return fn(), nil
+}
+
+// batched is transaction for a closure that only reads and writes through
+// tx: on SQLite it joins the writer's queue (see batcher) and may commit
+// with others; elsewhere, and on a Store bound to a transaction, it is
+// transaction.
+func (s *Store) batched(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	if s.batch == nil || s.inTx {
+		return s.transaction(ctx, fn)
+	}
+	return s.retrying(ctx, func() error { return s.batch.do(ctx, fn) })
+}

@@ -1,0 +1,284 @@
+package repository
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// batchProbe opens a SQLite Store with a table of its own, whose leader
+// waits, before it takes the queue, until want members are queued (or 20 s
+// have passed), and which records the size of every batch it runs.
+func batchProbe(t *testing.T, want int) (*probe, func() []int) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, "sqlite:"+filepath.Join(t.TempDir(), "b.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := s.sqlDB.Exec("CREATE TABLE probe (id INTEGER PRIMARY KEY, v TEXT NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		seen []int
+		once sync.Once
+	)
+	b := s.batch
+	b.gather = func() {
+		once.Do(func() { // the first batch only: later ones take what is left
+			deadline := time.Now().Add(20 * time.Second)
+			for time.Now().Before(deadline) {
+				b.mu.Lock()
+				n := len(b.queue)
+				b.mu.Unlock()
+				if n >= want {
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	sizes := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+	run := b.run
+	b.run = func(batch []*batchMember) {
+		mu.Lock()
+		seen = append(seen, len(batch))
+		mu.Unlock()
+		run(batch)
+	}
+	return &probe{Store: s, sizes: sizes}, sizes
+}
+
+// probe is a Store batchProbe opened, with the sizes of the batches run.
+type probe struct {
+	*Store
+	sizes func() []int
+}
+
+// insert is a member that writes row id, then returns fail (its write is
+// then undone).
+func insert(id int, fail error) func(tx *gorm.DB) error {
+	return func(tx *gorm.DB) error {
+		if _, err := execDirect(tx, "INSERT INTO probe (id, v) VALUES (?, ?)", id, fmt.Sprint("v", id)); err != nil {
+			return err
+		}
+		return fail
+	}
+}
+
+// rows returns the ids in the probe table.
+func rows(t *testing.T, s *probe) []int {
+	t.Helper()
+	r, err := s.sqlDB.Query("SELECT id FROM probe ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var ids []int
+	for r.Next() {
+		var id int
+		if err := r.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// runAll runs the members, each through batched in a goroutine of its own,
+// queued in their order (the first leads the batch), and returns their
+// errors.
+func runAll(ctxs []context.Context, s *probe, members []func(tx *gorm.DB) error) []error {
+	errs := make([]error, len(members))
+	var wg sync.WaitGroup
+	for i, fn := range members {
+		wg.Go(func() { errs[i] = s.batched(ctxs[i], fn) })
+		waitQueued(s, i+1)
+	}
+	wg.Wait()
+	return errs
+}
+
+// waitQueued waits until n members have joined the queue, counting those
+// in the batches run since (up to 20 s).
+func waitQueued(s *probe, n int) {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		s.batch.mu.Lock()
+		q := len(s.batch.queue)
+		s.batch.mu.Unlock()
+		for _, size := range s.sizes() {
+			q += size
+		}
+		if q >= n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func background(n int) []context.Context {
+	ctxs := make([]context.Context, n)
+	for i := range ctxs {
+		ctxs[i] = context.Background()
+	}
+	return ctxs
+}
+
+var errMember = errors.New("the member's own error")
+
+// Writes queued together commit in one transaction, and a member's error
+// undoes its own writes only: each caller gets its own outcome.
+func TestABatchCommitsTogetherAndAMembersErrorUndoesItsOwnWrites(t *testing.T) {
+	s, sizes := batchProbe(t, 4)
+	errs := runAll(background(4), s, []func(*gorm.DB) error{insert(1, nil), insert(2, errMember), insert(3, nil), insert(4, nil)})
+	for i, err := range errs {
+		want := error(nil)
+		if i == 1 {
+			want = errMember
+		}
+		if !errors.Is(err, want) {
+			t.Errorf("member %d: %v; want %v", i+1, err, want)
+		}
+	}
+	if got := rows(t, s); !slices.Equal(got, []int{1, 3, 4}) {
+		t.Errorf("rows %v; want [1 3 4]", got)
+	}
+	if got := sizes(); !slices.Equal(got, []int{4}) {
+		t.Errorf("batches of %v; want one of 4", got)
+	}
+}
+
+// A member that sees the writes of one before it in its batch sees them as
+// committed: the members run one after the other.
+func TestAMemberSeesTheWritesOfTheOnesBeforeIt(t *testing.T) {
+	s, _ := batchProbe(t, 2)
+	var n int
+	errs := runAll(background(2), s, []func(*gorm.DB) error{insert(1, nil), func(tx *gorm.DB) error {
+		return rowDirect(tx, "SELECT COUNT(*) FROM probe WHERE id = 1").Scan(&n)
+	}})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("the second member saw %d rows of the first's; want 1", n)
+	}
+}
+
+// A caller whose context ends while it waits for its turn leaves the
+// queue: nothing of it is written, and it gets its context's error.
+func TestAMemberWhoseContextEndsWhileQueuedIsNotRun(t *testing.T) {
+	s, _ := batchProbe(t, 0)
+	release := make(chan struct{})
+	var once sync.Once
+	s.batch.gather = func() { once.Do(func() { <-release }) }
+	cctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make([]error, 3)
+	var wg, second sync.WaitGroup
+	wg.Go(func() { errs[0] = s.batched(context.Background(), insert(1, nil)) })
+	waitQueued(s, 1)
+	second.Go(func() { errs[1] = s.batched(cctx, insert(2, nil)) })
+	waitQueued(s, 2)
+	wg.Go(func() { errs[2] = s.batched(context.Background(), insert(3, nil)) })
+	waitQueued(s, 3)
+	cancel()
+	left := make(chan struct{})
+	go func() { second.Wait(); close(left) }()
+	select {
+	case <-left: // it returns while the leader still waits to take the queue
+	case <-time.After(20 * time.Second):
+		t.Error("the cancelled member still waits for its batch 20 s on")
+	}
+	close(release)
+	wg.Wait()
+	if !errors.Is(errs[1], context.Canceled) {
+		t.Errorf("the cancelled member: %v; want %v", errs[1], context.Canceled)
+	}
+	if err := errors.Join(errs[0], errs[2]); err != nil {
+		t.Errorf("the others: %v", err)
+	}
+	if got := rows(t, s); !slices.Equal(got, []int{1, 3}) {
+		t.Errorf("rows %v; want [1 3]", got)
+	}
+}
+
+// A member that loses the transaction (here it ends it itself; SQLite does
+// so when it interrupts a write, or on an I/O error) gets its error; the
+// members before it, whose writes went with the transaction, are run again
+// and committed; no member after it runs outside a transaction (the last
+// one writes, then fails: its row must not stay).
+func TestAMemberThatLosesTheTransactionLeavesTheOthersToBeRunAgain(t *testing.T) {
+	s, sizes := batchProbe(t, 5)
+	loser := func(tx *gorm.DB) error {
+		if _, err := execDirect(tx, "INSERT INTO probe (id, v) VALUES (3, 'v3')"); err != nil {
+			return err
+		}
+		if _, err := execDirect(tx, "ROLLBACK"); err != nil {
+			return err
+		}
+		return errMember
+	}
+	errs := runAll(background(5), s, []func(*gorm.DB) error{insert(1, nil), insert(2, nil), loser, insert(4, nil), insert(5, errMember)})
+	for i, err := range errs {
+		want := error(nil)
+		if i == 2 || i == 4 {
+			want = errMember
+		}
+		if !errors.Is(err, want) {
+			t.Errorf("member %d: %v; want %v", i+1, err, want)
+		}
+	}
+	if got := rows(t, s); !slices.Equal(got, []int{1, 2, 4}) {
+		t.Errorf("rows %v; want [1 2 4]", got)
+	}
+	if got := sizes(); len(got) < 2 || got[0] != 5 {
+		t.Errorf("batches of %v; want one of 5, then the members run again", got)
+	}
+}
+
+// A panic in a member is raised in its own caller's goroutine; the other
+// members of its batch are answered and their writes kept.
+func TestAMembersPanicIsItsCallers(t *testing.T) {
+	s, _ := batchProbe(t, 3)
+	var recovered any
+	panicky := func(tx *gorm.DB) error {
+		if _, err := execDirect(tx, "INSERT INTO probe (id, v) VALUES (2, 'v2')"); err != nil {
+			return err
+		}
+		panic("member 2")
+	}
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = s.batched(context.Background(), insert(1, nil)) })
+	waitQueued(s, 1)
+	wg.Go(func() {
+		defer func() { recovered = recover() }()
+		errs[1] = s.batched(context.Background(), panicky)
+	})
+	waitQueued(s, 2)
+	wg.Go(func() { errs[2] = s.batched(context.Background(), insert(3, nil)) })
+	wg.Wait()
+	if recovered != "member 2" {
+		t.Errorf("member 2's caller recovered %v; want its panic", recovered)
+	}
+	if err := errors.Join(errs[0], errs[2]); err != nil {
+		t.Errorf("the others: %v", err)
+	}
+	if got := rows(t, s); !slices.Equal(got, []int{1, 3}) {
+		t.Errorf("rows %v; want [1 3]", got)
+	}
+}
