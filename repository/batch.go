@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"gorm.io/gorm"
 )
@@ -41,6 +42,25 @@ type batcher struct {
 	// gather, when set (tests), is called by a leader before it takes the
 	// queue.
 	gather func()
+	// What BatchStats reports.
+	batches, writes, undone atomic.Uint64
+}
+
+// BatchStats counts what the SQLite writer's batches did since the Store
+// opened, for the metrics: Writes / Batches is the mean batch size, the
+// saving group commit makes; Undone counts writes a batch rolled back
+// for another's failure or a failed commit, each then run again.
+type BatchStats struct {
+	Batches, Writes, Undone uint64
+}
+
+// BatchStats returns the writer's batch counters; ok is false on a backend
+// that does not batch (MySQL commits in groups on its own).
+func (s *Store) BatchStats() (st BatchStats, ok bool) {
+	if s.batch == nil {
+		return BatchStats{}, false
+	}
+	return BatchStats{Batches: s.batch.batches.Load(), Writes: s.batch.writes.Load(), Undone: s.batch.undone.Load()}, true
 }
 
 // batchMember is one transaction in the queue.
@@ -140,6 +160,8 @@ func (b *batcher) runNext() {
 	}
 	b.mu.Unlock()
 	b.run(batch)
+	b.batches.Add(1)
+	b.writes.Add(uint64(n))
 	for _, m := range batch {
 		close(m.done)
 	}
@@ -175,6 +197,7 @@ func (s *Store) runBatch(batch []*batchMember) {
 	for _, m := range batch {
 		if lost {
 			m.err = errBatchLost
+			s.batch.undone.Add(1)
 			continue
 		}
 		if err := m.ctx.Err(); err != nil {
@@ -183,6 +206,7 @@ func (s *Store) runBatch(batch []*batchMember) {
 		}
 		if _, err := execDirect(tx, "SAVEPOINT batch_member"); err != nil {
 			lost, m.err = true, errBatchLost
+			s.batch.undone.Add(1)
 			continue
 		}
 		mtx := tx.WithContext(context.WithoutCancel(m.ctx))
@@ -201,6 +225,7 @@ func (s *Store) runBatch(batch []*batchMember) {
 			lost = true
 			if m.err == nil && m.panicked == nil {
 				m.err = errBatchLost
+				s.batch.undone.Add(1)
 			}
 			continue
 		}
@@ -213,6 +238,7 @@ func (s *Store) runBatch(batch []*batchMember) {
 		for _, m := range ran {
 			m.err = errBatchLost
 		}
+		s.batch.undone.Add(uint64(len(ran)))
 		return
 	}
 	if err := tx.Commit().Error; err != nil {
@@ -220,6 +246,7 @@ func (s *Store) runBatch(batch []*batchMember) {
 		for _, m := range ran {
 			m.err = err
 		}
+		s.batch.undone.Add(uint64(len(ran)))
 	}
 }
 

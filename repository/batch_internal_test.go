@@ -160,6 +160,9 @@ func TestABatchCommitsTogetherAndAMembersErrorUndoesItsOwnWrites(t *testing.T) {
 	if got := sizes(); !slices.Equal(got, []int{4}) {
 		t.Errorf("batches of %v; want one of 4", got)
 	}
+	if st, _ := s.BatchStats(); st != (BatchStats{Batches: 1, Writes: 4}) {
+		t.Errorf("stats %+v; want one batch of 4 writes, none undone", st)
+	}
 }
 
 // A member that sees the writes of one before it in its batch sees them as
@@ -247,6 +250,9 @@ func TestAMemberThatLosesTheTransactionLeavesTheOthersToBeRunAgain(t *testing.T)
 	}
 	if got := sizes(); len(got) < 2 || got[0] != 5 {
 		t.Errorf("batches of %v; want one of 5, then the members run again", got)
+	}
+	if st, _ := s.BatchStats(); st.Undone != 4 {
+		t.Errorf("%d writes undone; want 4 (the two before the loser, the two after it)", st.Undone)
 	}
 }
 

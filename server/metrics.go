@@ -128,6 +128,9 @@ func newMetrics() *metrics {
 func (m *metrics) watch(store *repository.Store, sc *scanner.Scanner, quotas *service.Quotas, log *slog.Logger) {
 	m.registry.MustRegister(&stateCollector{store: store, log: log}, scannerCollector{sc}, poolCollector{store},
 		&quotaCollector{store: store, quotas: quotas, log: log})
+	if _, ok := store.BatchStats(); ok {
+		m.registry.MustRegister(batchCollector{store})
+	}
 }
 
 // jobDone counts a job this server ended, then calls next (the Operations
@@ -438,6 +441,34 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(poolIdleClosed, float64(st.MaxIdleClosed))
 	counter(poolIdleTime, float64(st.MaxIdleTimeClosed))
 	counter(poolLifetime, float64(st.MaxLifetimeClosed))
+}
+
+// batchCollector exports the SQLite writer's group commit counters
+// (repository.BatchStats).
+type batchCollector struct{ store *repository.Store }
+
+var (
+	batchesDesc = prometheus.NewDesc("clusterd_sqlite_write_batches_total",
+		"Transactions the SQLite writer ran for writes queued together (group commit).", nil, nil)
+	batchedDesc = prometheus.NewDesc("clusterd_sqlite_batched_writes_total",
+		"Writes (claims, steps, ends) run in those transactions; divided by the batches, the mean batch size.", nil, nil)
+	undoneDesc = prometheus.NewDesc("clusterd_sqlite_batched_writes_undone_total",
+		"Writes a batch rolled back for another write's failure or a failed commit; each is run again.", nil, nil)
+)
+
+// Describe lists the batch metrics.
+func (c batchCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- batchesDesc
+	ch <- batchedDesc
+	ch <- undoneDesc
+}
+
+// Collect reads repository.Store.BatchStats.
+func (c batchCollector) Collect(ch chan<- prometheus.Metric) {
+	st, _ := c.store.BatchStats()
+	ch <- prometheus.MustNewConstMetric(batchesDesc, prometheus.CounterValue, float64(st.Batches))
+	ch <- prometheus.MustNewConstMetric(batchedDesc, prometheus.CounterValue, float64(st.Writes))
+	ch <- prometheus.MustNewConstMetric(undoneDesc, prometheus.CounterValue, float64(st.Undone))
 }
 
 // metricsHandler serves the registry in Prometheus' text (or OpenMetrics)

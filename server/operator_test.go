@@ -164,6 +164,16 @@ func TestMetrics(t *testing.T) {
 				t.Errorf("%s = %v; want at least 1", name, m[name])
 			}
 		}
+		// The SQLite writer's batches: this test's writes ran in them (one
+		// a batch, or more); MySQL has none.
+		if b.Name == "sqlite" {
+			if m[`clusterd_sqlite_write_batches_total`] < 1 || m[`clusterd_sqlite_batched_writes_total`] < m[`clusterd_sqlite_write_batches_total`] {
+				t.Errorf("batches %v, writes in them %v; want at least one batch, and a write a batch at least",
+					m[`clusterd_sqlite_write_batches_total`], m[`clusterd_sqlite_batched_writes_total`])
+			}
+		} else if _, ok := m[`clusterd_sqlite_write_batches_total`]; ok {
+			t.Error("clusterd_sqlite_write_batches_total exposed on MySQL")
+		}
 		if !regexp.MustCompile(`(?m)^clusterd_build_info\{commit="[^"]+",goversion="go[^"]+",version="[^"]+"\} 1$`).MatchString(mustScrape(t, h)) {
 			t.Error("clusterd_build_info is missing or unlabelled")
 		}
