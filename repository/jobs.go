@@ -372,12 +372,12 @@ func (s *Store) FinishJob(ctx context.Context, f Finish) (Job, error) {
 			h, err := s.guard(tx, Fence{ClusterID: t.ClusterID, JobID: f.JobID, Attempt: f.Attempt, Step: "finish"}, false)
 			var fenced *FencedError
 			switch {
+			case err != nil && !errors.As(err, &fenced):
+				return err
 			case errors.As(err, &fenced) && h.clusterHeld(fenced.Fence):
 				return errMissed // the job ended or was adopted: nothing is written
 			case errors.As(err, &fenced) || t.Expect.Operation != f.JobID:
 				notHeld = true // the job still ends; the cluster is left alone
-			case err != nil:
-				return err
 			default:
 				if _, err := s.casCluster(tx, t); errors.Is(err, errMissed) {
 					notHeld = true
