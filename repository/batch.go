@@ -21,13 +21,15 @@ import (
 // the batch has committed: what a member reads or writes is as if the
 // members had committed one after the other, in the queue's order.
 //
-// A member's statements run without its context's cancellation, since
-// SQLite rolls back the whole transaction when it interrupts a write: a
-// member whose context ends before its turn is skipped, one whose context
-// ends during its turn finishes it. A member that a batch could not commit
-// through no fault of its own (another member's failure lost the
-// transaction, or the commit failed) gets a lock conflict, which its
-// transaction's retries run again, alone or in a later batch.
+// A write runs without its context's cancellation once its turn has come,
+// alone or not, since SQLite rolls back the whole transaction when it
+// interrupts a write: a member whose context ends before its turn leaves
+// the queue or is skipped, one whose context ends during its turn finishes
+// it. A member that a batch rolled back through no fault of its own
+// (another member's failure lost the transaction) gets a lock conflict,
+// which its transaction's retries run again, alone or in a later batch; a
+// failed commit answers every member the commit's error (run again when it
+// is a lock conflict).
 //
 // Batching is for transactions that only read and write the database: a
 // Guarded change (a driver's code inside the transaction) runs alone.
@@ -84,7 +86,7 @@ const maxBatch = 32
 // errBatchLost is what a member gets whose writes a batch rolled back
 // through no fault of its own: a lock conflict, so that its transaction is
 // run again.
-var errBatchLost = fmt.Errorf("the transaction this write shared was rolled back: %w", errLockConflict)
+var errBatchLost = fmt.Errorf("%w: %w: the transaction this write shared was rolled back", ErrUnavailable, errLockConflict)
 
 // do queues fn and returns its outcome once the batch it joined has ended.
 // A panic in fn is raised again here, in its caller's goroutine.
@@ -145,7 +147,9 @@ func (b *batcher) leave(m *batchMember) bool {
 }
 
 // runNext takes up to maxBatch members off the queue, runs them, and then
-// hands the lead to the first member still queued, if any.
+// hands the lead to the first member still queued, if any. Should run
+// panic (a defect: members' panics are caught), the batch's members are
+// answered and the lead handed on before the panic goes on.
 func (b *batcher) runNext() {
 	if b.gather != nil {
 		b.gather()
@@ -159,31 +163,90 @@ func (b *batcher) runNext() {
 		m.taken = true
 	}
 	b.mu.Unlock()
+	answered := false
+	defer func() {
+		if !answered {
+			for _, m := range batch {
+				if m.err == nil && m.panicked == nil {
+					m.err = errBatchStopped
+				}
+			}
+		}
+		for _, m := range batch {
+			close(m.done)
+		}
+		b.mu.Lock()
+		if len(b.queue) > 0 {
+			close(b.queue[0].lead)
+		} else {
+			b.busy = false
+		}
+		b.mu.Unlock()
+	}()
 	b.run(batch)
+	answered = true
 	b.batches.Add(1)
 	b.writes.Add(uint64(n))
-	for _, m := range batch {
-		close(m.done)
-	}
-	b.mu.Lock()
-	if len(b.queue) > 0 {
-		close(b.queue[0].lead)
-	} else {
-		b.busy = false
-	}
-	b.mu.Unlock()
 }
 
-// runBatch runs a batch on the writer connection: a lone member in a
-// transaction of its own, as without batching; several in one transaction,
-// each in a savepoint.
+// errBatchStopped answers the members of a batch that stopped on a panic.
+var errBatchStopped = errors.New("the batch this write joined stopped on a panic: it may or may not have been committed")
+
+// runBatch runs a batch in one transaction on the writer connection, for
+// which it waits while any member still does (see waitContext). A lone
+// member runs as in a transaction of its own; several, each in a
+// savepoint.
 func (s *Store) runBatch(batch []*batchMember) {
-	if len(batch) == 1 {
-		m := batch[0]
-		m.err, m.panicked = callMember(func() error { return classify(s.db.WithContext(m.ctx).Transaction(m.fn)) })
-		return
+	wait, stop := waitContext(batch)
+	defer stop()
+	err := s.db.WithContext(wait).Connection(func(conn *gorm.DB) error {
+		s.runOn(conn, batch)
+		return nil
+	})
+	if err != nil { // no connection: every member gave up, or the Store closed
+		for _, m := range batch {
+			if m.err = m.ctx.Err(); m.err == nil {
+				m.err = classify(err)
+			}
+		}
 	}
-	tx := s.db.WithContext(context.Background()).Begin()
+}
+
+// waitContext is a context that ends once every member's context has: a
+// batch waits for the writer connection while one of its members would.
+func waitContext(batch []*batchMember) (context.Context, func()) {
+	if len(batch) == 1 {
+		return batch[0].ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var left atomic.Int32
+	left.Store(int32(len(batch)))
+	stops := make([]func() bool, len(batch))
+	for i, m := range batch {
+		stops[i] = context.AfterFunc(m.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
+// runOn runs the batch in a transaction on conn. Its statements, the
+// members' included, run without cancellation (see batcher); the begin and
+// the end of a lone member's transaction carry its context's values.
+func (s *Store) runOn(conn *gorm.DB, batch []*batchMember) {
+	lone := len(batch) == 1
+	begin := context.Background()
+	if lone {
+		begin = context.WithoutCancel(batch[0].ctx)
+	}
+	tx := conn.WithContext(begin).Begin()
 	if tx.Error != nil {
 		for _, m := range batch {
 			m.err = classify(tx.Error)
@@ -204,36 +267,43 @@ func (s *Store) runBatch(batch []*batchMember) {
 			m.err = err
 			continue
 		}
-		if _, err := execDirect(tx, "SAVEPOINT batch_member"); err != nil {
-			lost, m.err = true, errBatchLost
-			s.batch.undone.Add(1)
-			continue
-		}
-		mtx := tx.WithContext(context.WithoutCancel(m.ctx))
-		m.err, m.panicked = callMember(func() error { return m.fn(mtx) })
-		if m.err != nil || m.panicked != nil {
-			m.err = classify(m.err)
-			if _, err := execDirect(tx, "ROLLBACK TO batch_member"); err != nil {
-				// SQLite rolled the whole transaction back (an interrupt
-				// or an I/O error in the member's statements): so much
-				// as one more statement would run in autocommit.
-				lost = true
+		if !lone {
+			if _, err := execDirect(tx, "SAVEPOINT batch_member"); err != nil {
+				lost, m.err = true, errBatchLost
+				s.batch.undone.Add(1)
 				continue
 			}
 		}
-		if _, err := execDirect(tx, "RELEASE batch_member"); err != nil {
-			lost = true
-			if m.err == nil && m.panicked == nil {
-				m.err = errBatchLost
-				s.batch.undone.Add(1)
+		mtx := tx.WithContext(context.WithoutCancel(m.ctx))
+		m.err, m.panicked = callMember(func() error { return m.fn(mtx) })
+		failed := m.err != nil || m.panicked != nil
+		m.err = classify(m.err)
+		switch {
+		case lone:
+		case failed:
+			if _, err := execDirect(tx, "ROLLBACK TO batch_member"); err != nil {
+				// SQLite rolled the whole transaction back (an I/O error,
+				// say, in the member's statements): so much as one more
+				// statement would run in autocommit.
+				lost = true
+				continue
 			}
-			continue
+			fallthrough
+		default:
+			if _, err := execDirect(tx, "RELEASE batch_member"); err != nil {
+				lost = true
+				if !failed {
+					m.err = errBatchLost
+					s.batch.undone.Add(1)
+				}
+				continue
+			}
 		}
-		if m.err == nil && m.panicked == nil {
+		if !failed {
 			ran = append(ran, m)
 		}
 	}
-	if lost {
+	if lost || len(ran) == 0 {
 		_ = tx.Rollback().Error // the transaction may be gone already
 		for _, m := range ran {
 			m.err = errBatchLost
@@ -242,11 +312,14 @@ func (s *Store) runBatch(batch []*batchMember) {
 		return
 	}
 	if err := tx.Commit().Error; err != nil {
-		err = fmt.Errorf("commit a batch of %d: %w", len(batch), classify(err))
+		err = classify(err)
+		if !lone {
+			err = fmt.Errorf("commit a batch of %d: %w", len(batch), err)
+			s.batch.undone.Add(uint64(len(ran)))
+		}
 		for _, m := range ran {
 			m.err = err
 		}
-		s.batch.undone.Add(uint64(len(ran)))
 	}
 }
 

@@ -254,6 +254,9 @@ func TestAMemberThatLosesTheTransactionLeavesTheOthersToBeRunAgain(t *testing.T)
 	if st, _ := s.BatchStats(); st.Undone != 4 {
 		t.Errorf("%d writes undone; want 4 (the two before the loser, the two after it)", st.Undone)
 	}
+	if !errors.Is(errBatchLost, ErrUnavailable) {
+		t.Error("a write undone by another's failure is not ErrUnavailable once its retries run out")
+	}
 }
 
 // A panic in a member is raised in its own caller's goroutine; the other
@@ -286,5 +289,68 @@ func TestAMembersPanicIsItsCallers(t *testing.T) {
 	}
 	if got := rows(t, s); !slices.Equal(got, []int{1, 3}) {
 		t.Errorf("rows %v; want [1 3]", got)
+	}
+}
+
+// Members whose contexts end while their batch waits for the writer
+// connection (held here by another transaction) give up: they return
+// their contexts' error before the connection is free, and write nothing.
+func TestABatchWaitingForTheWriterGivesUpWithItsMembers(t *testing.T) {
+	s, _ := batchProbe(t, 2)
+	conn, err := s.sqlDB.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan []error, 1)
+	go func() {
+		done <- runAll([]context.Context{ctx, ctx}, s, []func(*gorm.DB) error{insert(1, nil), insert(2, nil)})
+	}()
+	var errs []error
+	select {
+	case errs = <-done:
+	case <-time.After(20 * time.Second):
+		t.Error("the members still wait for the writer 20 s after their contexts ended")
+	}
+	_ = conn.Close()
+	if errs == nil {
+		errs = <-done
+	}
+	for i, err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("member %d: %v; want %v", i+1, err, context.DeadlineExceeded)
+		}
+	}
+	if got := rows(t, s); len(got) != 0 {
+		t.Errorf("rows %v; want none", got)
+	}
+}
+
+// A write whose context ends during its turn finishes it, alone as in a
+// batch: its caller is told it succeeded, and it did.
+func TestAWriteWhoseContextEndsDuringItsTurnFinishesIt(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprint("batch of ", n), func(t *testing.T) {
+			s, _ := batchProbe(t, n)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			cancelling := func(tx *gorm.DB) error {
+				cancel()
+				_, err := execDirect(tx, "INSERT INTO probe (id, v) VALUES (100, 'x')")
+				return err
+			}
+			members, ctxs := []func(*gorm.DB) error{cancelling}, []context.Context{ctx}
+			if n == 2 {
+				members, ctxs = append(members, insert(1, nil)), append(ctxs, context.Background())
+			}
+			errs := runAll(ctxs, s, members)
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			if got := rows(t, s); !slices.Contains(got, 100) {
+				t.Errorf("rows %v; want the cancelled write's, 100", got)
+			}
+		})
 	}
 }

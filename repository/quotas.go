@@ -89,7 +89,10 @@ type SizeFunc func(ctx context.Context, offering string) (Size, error)
 type QuotaCheck struct {
 	Default Limits
 	// Size, when nil, reads the service_offerings rows, inside the claim's
-	// transaction when it checks one.
+	// transaction when it checks one. A Size given is called inside the
+	// claim's transaction, which on SQLite may be shared with other writes
+	// and run by another goroutine (see batcher), with a context that is
+	// never cancelled: it must not wait on anything but itself.
 	Size SizeFunc
 }
 

@@ -451,9 +451,9 @@ var (
 	batchesDesc = prometheus.NewDesc("clusterd_sqlite_write_batches_total",
 		"Transactions the SQLite writer ran for writes queued together (group commit).", nil, nil)
 	batchedDesc = prometheus.NewDesc("clusterd_sqlite_batched_writes_total",
-		"Writes (claims, steps, ends) run in those transactions; divided by the batches, the mean batch size.", nil, nil)
+		"Writes (claims, steps, ends) taken into those transactions; divided by the batches, the mean batch size.", nil, nil)
 	undoneDesc = prometheus.NewDesc("clusterd_sqlite_batched_writes_undone_total",
-		"Writes a batch rolled back for another write's failure or a failed commit; each is run again.", nil, nil)
+		"Writes a batch rolled back for another write's failure (each run again) or a failed commit (run again when it was a lock conflict).", nil, nil)
 )
 
 // Describe lists the batch metrics.
