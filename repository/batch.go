@@ -49,9 +49,11 @@ type batcher struct {
 }
 
 // BatchStats counts what the SQLite writer's batches did since the Store
-// opened, for the metrics: Writes / Batches is the mean batch size, the
-// saving group commit makes; Undone counts writes a batch rolled back
-// for another's failure or a failed commit, each then run again.
+// opened, for the metrics: Writes (taken into batches, those skipped for
+// their ended context included) / Batches is the mean batch size, the
+// saving group commit makes; Undone counts writes a batch rolled back for
+// another's failure (each run again) or a failed commit (run again when it
+// was a lock conflict).
 type BatchStats struct {
 	Batches, Writes, Undone uint64
 }
