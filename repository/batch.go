@@ -280,18 +280,16 @@ func (s *Store) runOn(conn *gorm.DB, batch []*batchMember) {
 		m.err, m.panicked = callMember(func() error { return m.fn(mtx) })
 		failed := m.err != nil || m.panicked != nil
 		m.err = classify(m.err)
-		switch {
-		case lone:
-		case failed:
-			if _, err := execDirect(tx, "ROLLBACK TO batch_member"); err != nil {
-				// SQLite rolled the whole transaction back (an I/O error,
-				// say, in the member's statements): so much as one more
-				// statement would run in autocommit.
-				lost = true
-				continue
+		if !lone {
+			if failed {
+				if _, err := execDirect(tx, "ROLLBACK TO batch_member"); err != nil {
+					// SQLite rolled the whole transaction back (an I/O
+					// error, say, in the member's statements): so much as
+					// one more statement would run in autocommit.
+					lost = true
+					continue
+				}
 			}
-			fallthrough
-		default:
 			if _, err := execDirect(tx, "RELEASE batch_member"); err != nil {
 				lost = true
 				if !failed {
