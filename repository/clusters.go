@@ -212,7 +212,7 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 	}
 	uses := Uses{Version: nc.Spec.KubernetesVersion, Offering: nc.Spec.ServiceOffering, ControlOffering: nc.Spec.ControlOffering}
 	err := s.batched(ctx, func(tx *gorm.DB) error {
-		ctx := tx.Statement.Context // without cancellation (see batcher)
+		ctx := tx.Statement.Context // the transaction's: on SQLite, not cancelled (see batcher)
 		if err := s.use(tx, uses); err != nil {
 			return err
 		}
@@ -391,7 +391,7 @@ func (s *Store) Claim(ctx context.Context, t Transition, nj NewJob) (Cluster, Jo
 		job jobRow
 	)
 	err := s.batched(ctx, func(tx *gorm.DB) error {
-		ctx := tx.Statement.Context // without cancellation (see batcher)
+		ctx := tx.Statement.Context // the transaction's: on SQLite, not cancelled (see batcher)
 		var (
 			before heldRow
 			delta  Usage
