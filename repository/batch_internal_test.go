@@ -98,6 +98,14 @@ func rows(t *testing.T, s *probe) []int {
 	return ids
 }
 
+// wantRows checks that the probe table holds the rows want, in id order.
+func wantRows(t *testing.T, s *probe, want ...int) {
+	t.Helper()
+	if got := rows(t, s); !slices.Equal(got, want) {
+		t.Errorf("rows %v; want %v", got, want)
+	}
+}
+
 // runAll runs the members, each through batched in a goroutine of its own,
 // queued in their order (the first leads the batch), and returns their
 // errors.
@@ -154,9 +162,7 @@ func TestABatchCommitsTogetherAndAMembersErrorUndoesItsOwnWrites(t *testing.T) {
 			t.Errorf("member %d: %v; want %v", i+1, err, want)
 		}
 	}
-	if got := rows(t, s); !slices.Equal(got, []int{1, 3, 4}) {
-		t.Errorf("rows %v; want [1 3 4]", got)
-	}
+	wantRows(t, s, 1, 3, 4)
 	if got := sizes(); !slices.Equal(got, []int{4}) {
 		t.Errorf("batches of %v; want one of 4", got)
 	}
@@ -214,9 +220,7 @@ func TestAMemberWhoseContextEndsWhileQueuedIsNotRun(t *testing.T) {
 	if err := errors.Join(errs[0], errs[2]); err != nil {
 		t.Errorf("the others: %v", err)
 	}
-	if got := rows(t, s); !slices.Equal(got, []int{1, 3}) {
-		t.Errorf("rows %v; want [1 3]", got)
-	}
+	wantRows(t, s, 1, 3)
 }
 
 // A member that loses the transaction (here it ends it itself; SQLite does
@@ -245,9 +249,7 @@ func TestAMemberThatLosesTheTransactionLeavesTheOthersToBeRunAgain(t *testing.T)
 			t.Errorf("member %d: %v; want %v", i+1, err, want)
 		}
 	}
-	if got := rows(t, s); !slices.Equal(got, []int{1, 2, 4}) {
-		t.Errorf("rows %v; want [1 2 4]", got)
-	}
+	wantRows(t, s, 1, 2, 4)
 	if got := sizes(); len(got) < 2 || got[0] != 5 {
 		t.Errorf("batches of %v; want one of 5, then the members run again", got)
 	}
@@ -287,9 +289,7 @@ func TestAMembersPanicIsItsCallers(t *testing.T) {
 	if err := errors.Join(errs[0], errs[2]); err != nil {
 		t.Errorf("the others: %v", err)
 	}
-	if got := rows(t, s); !slices.Equal(got, []int{1, 3}) {
-		t.Errorf("rows %v; want [1 3]", got)
-	}
+	wantRows(t, s, 1, 3)
 }
 
 // Members whose contexts end while their batch waits for the writer
@@ -322,9 +322,7 @@ func TestABatchWaitingForTheWriterGivesUpWithItsMembers(t *testing.T) {
 			t.Errorf("member %d: %v; want %v", i+1, err, context.DeadlineExceeded)
 		}
 	}
-	if got := rows(t, s); len(got) != 0 {
-		t.Errorf("rows %v; want none", got)
-	}
+	wantRows(t, s)
 }
 
 // A write whose context ends during its turn finishes it, alone as in a
