@@ -262,7 +262,7 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 // GetCluster reads one cluster, destroyed ones included (their state says so).
 func (s *Store) GetCluster(ctx context.Context, id string) (Cluster, error) {
 	if !s.inTx {
-		cs, err := s.readClusters(ctx, "SELECT "+clusterCols+" FROM clusters c WHERE c.id = ?", id)
+		cs, err := s.readClusters(ctx, "SELECT "+s.cols.cluster+" FROM clusters c WHERE c.id = ?", id)
 		switch {
 		case err != nil:
 			return Cluster{}, fmt.Errorf("get cluster %s: %w", id, classify(err))
@@ -305,7 +305,7 @@ func (s *Store) ListClusters(ctx context.Context, q ClusterQuery) ([]Cluster, er
 	if err != nil {
 		return nil, fmt.Errorf("list clusters: %w", err)
 	}
-	query := "SELECT " + clusterCols + " FROM clusters c WHERE (" + where + ")"
+	query := "SELECT " + s.cols.cluster + " FROM clusters c WHERE (" + where + ")"
 	if q.Account != "" {
 		query += " AND c.account = ?"
 		args = append(args, q.Account)
@@ -329,7 +329,7 @@ func (s *Store) readDB() *sql.DB {
 	return s.sqlDB
 }
 
-// readClusters runs a query of clusterCols on the readers, scanning the rows
+// readClusters runs a query of s.cols.cluster on the readers, scanning the rows
 // by hand: the hottest reads (GetCluster, ListClusters) skip GORM, whose
 // reflection cost as much as the query itself.
 func (s *Store) readClusters(ctx context.Context, query string, args ...any) ([]Cluster, error) {

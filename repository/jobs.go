@@ -52,7 +52,7 @@ func insertJob(tx *gorm.DB, j jobRow) error {
 
 // GetJob reads one job.
 func (s *Store) GetJob(ctx context.Context, id string) (Job, error) {
-	row, err := scanJob(rowDirect(s.rdb.WithContext(ctx), "SELECT "+jobCols+" FROM jobs WHERE id = ?", id))
+	row, err := scanJob(rowDirect(s.rdb.WithContext(ctx), "SELECT "+s.cols.job+" FROM jobs WHERE id = ?", id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Job{}, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
@@ -62,19 +62,14 @@ func (s *Store) GetJob(ctx context.Context, id string) (Job, error) {
 	return row.toJob(), nil
 }
 
-// jobCols are the columns of a Job, in scanJob's order: a job's read is
-// written out and scanned by hand, since every GetOperation and every
-// WaitOperation (at each wake) reads one.
-const jobCols = "id, kind, account, resource_id, server_id, server_incarnation, status, request_id, request_hash," +
-	" params, result, error, step, steps_done, steps_total, cancel_requested, attempt, handed_off," +
-	" deadline, create_time, update_time, end_time"
-
-// scanJob scans one row of jobCols.
+// scanJob scans one row of hotColumns.job: a job's read is written out and
+// scanned by hand, since every GetOperation and every WaitOperation (at each
+// wake) reads one.
 func scanJob(r interface{ Scan(dest ...any) error }) (jobRow, error) {
 	var j jobRow
 	err := r.Scan(&j.ID, &j.Kind, &j.Account, &j.ResourceID, &j.ServerID, &j.ServerIncarnation, &j.Status, &j.RequestID, &j.RequestHash,
 		&j.Params, &j.Result, &j.Error, &j.Step, &j.StepsDone, &j.StepsTotal, &j.CancelRequested, &j.Attempt, &j.HandedOff,
-		&j.Deadline, &j.CreateTime, &j.UpdateTime, &j.EndTime)
+		stamp{&j.Deadline}, stamp{&j.CreateTime}, stamp{&j.UpdateTime}, maybeStamp{&j.EndTime})
 	return j, err
 }
 

@@ -142,7 +142,7 @@ func (s *Store) GetMachine(ctx context.Context, id string) (Machine, error) {
 }
 
 func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
-	m, err := scanMachine(rowDirect(db, "SELECT "+machineCols+" FROM machines WHERE id = ?", id))
+	m, err := scanMachine(rowDirect(db, "SELECT "+s.cols.machine+" FROM machines WHERE id = ?", id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Machine{}, fmt.Errorf("machine %s: %w", id, ErrNotFound)
 	}
@@ -152,19 +152,15 @@ func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
 	return m, nil
 }
 
-// machineCols are the columns scanMachine reads, in its order: a machine's
-// reads are written out and scanned by hand, since every step of the
-// simulator reads its machine back and every job its cluster's machines.
-const machineCols = "id, cluster_id, role, power, joined, cordoned, kubernetes_version, attached_iso, offering, create_time, update_time"
-
-// scanMachine scans one row of machineCols.
+// scanMachine scans one row of hotColumns.machine: a machine's reads are
+// written out and scanned by hand, since every step of the simulator reads
+// its machine back and every job its cluster's machines.
 func scanMachine(r interface{ Scan(dest ...any) error }) (Machine, error) {
 	var m Machine
 	if err := r.Scan(&m.ID, &m.ClusterID, &m.Role, &m.Power, &m.Joined, &m.Cordoned, &m.KubernetesVersion,
-		&m.AttachedISO, &m.Offering, &m.CreateTime, &m.UpdateTime); err != nil {
+		&m.AttachedISO, &m.Offering, stamp{&m.CreateTime}, stamp{&m.UpdateTime}); err != nil {
 		return Machine{}, err
 	}
-	m.CreateTime, m.UpdateTime = m.CreateTime.UTC(), m.UpdateTime.UTC()
 	return m, nil
 }
 
@@ -196,7 +192,7 @@ func (s *Store) readMachines(ctx context.Context, clusterIDs []string) ([]Machin
 	for i, id := range clusterIDs {
 		args[i] = id
 	}
-	rows, err := s.readDB().QueryContext(ctx, "SELECT "+machineCols+
+	rows, err := s.readDB().QueryContext(ctx, "SELECT "+s.cols.machine+
 		" FROM machines WHERE cluster_id IN (?"+strings.Repeat(", ?", len(clusterIDs)-1)+") ORDER BY create_time, id", args...)
 	if err != nil {
 		return nil, fmt.Errorf("list machines: %w", classify(err))

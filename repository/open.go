@@ -149,6 +149,8 @@ type Store struct {
 	// batch, on SQLite, commits the writes queued for the writer together
 	// (see batched).
 	batch *batcher
+	// cols are the column lists of the hand-scanned reads on this backend.
+	cols hotColumns
 }
 
 // Option changes how Open builds a Store.
@@ -240,6 +242,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("open %s database: %w", s.backend, err)
 	}
+	s.cols = columnsFor(s.backend)
 	return s, nil
 }
 

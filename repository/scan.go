@@ -17,36 +17,23 @@ import (
 // says "held" in a form SQLite can answer from an index (it cannot use one
 // for <>).
 
-// clusterColumns of clusterRow, qualified by the alias c.
-const clusterCols = "c.id, c.account, c.display_name, c.alive, c.description, c.state, c.version, " +
-	"c.current_operation, c.kubernetes_version, c.control_node_count, c.worker_node_count, " +
-	"c.service_offering, c.autoscaling_enabled, c.autoscaling_min, c.autoscaling_max, c.endpoint, " +
-	"c.create_time, c.update_time, c.delete_time, c.control_offering, c.status_message, c.status_time"
-
-// scanCluster reads the clusterCols of one row, then extra.
+// scanCluster reads the columns of hotColumns.cluster of one row, then extra.
 func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
 	var (
-		r      clusterRow
-		alive  sql.NullInt64
-		del    sql.NullTime
-		status sql.NullTime
+		r     clusterRow
+		alive sql.NullInt64
 	)
 	dest := append([]any{&r.ID, &r.Account, &r.DisplayName, &alive, &r.Description, &r.State, &r.Version,
 		&r.CurrentOperation, &r.KubernetesVersion, &r.ControlNodeCount, &r.WorkerNodeCount,
 		&r.ServiceOffering, &r.AutoscalingEnabled, &r.AutoscalingMin, &r.AutoscalingMax, &r.Endpoint,
-		&r.CreateTime, &r.UpdateTime, &del, &r.ControlOffering, &r.StatusMessage, &status}, extra...)
+		stamp{&r.CreateTime}, stamp{&r.UpdateTime}, maybeStamp{&r.DeleteTime}, &r.ControlOffering, &r.StatusMessage,
+		maybeStamp{&r.StatusTime}}, extra...)
 	if err := rows.Scan(dest...); err != nil {
 		return r, err
 	}
 	if alive.Valid {
 		a := int(alive.Int64)
 		r.Alive = &a
-	}
-	if del.Valid {
-		r.DeleteTime = &del.Time
-	}
-	if status.Valid {
-		r.StatusTime = &status.Time
 	}
 	return r, nil
 }
@@ -65,7 +52,7 @@ func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
 // current_operation), so it reads the running operations and the orphans,
 // never the resting clusters.
 func (s *Store) Orphans(ctx context.Context, limit int) ([]Cluster, map[string]Job, error) {
-	return s.orphans(ctx, "SELECT "+clusterCols+", j.id, j.kind, j.status, j.error, j.params"+
+	return s.orphans(ctx, "SELECT "+s.cols.cluster+", j.id, j.kind, j.status, j.error, j.params"+
 		" FROM clusters c LEFT JOIN jobs j ON j.id = c.current_operation"+
 		" WHERE c.current_operation > '' AND c.state <> ? AND (j.id IS NULL OR j.status <> ?)",
 		[]any{lifecycle.Destroyed.String(), string(JobInProgress)}, limit)
@@ -86,7 +73,7 @@ func (s *Store) OrphansSince(ctx context.Context, since time.Time, limit int) ([
 	if s.backend == MySQL {
 		join = "STRAIGHT_JOIN"
 	}
-	return s.orphans(ctx, "SELECT "+clusterCols+", j.id, j.kind, j.status, j.error, j.params"+
+	return s.orphans(ctx, "SELECT "+s.cols.cluster+", j.id, j.kind, j.status, j.error, j.params"+
 		" FROM jobs j "+join+" clusters c ON c.current_operation = j.id"+
 		" WHERE j.end_time >= ? AND c.state <> ? AND j.status <> ?",
 		[]any{dbTime(since), lifecycle.Destroyed.String(), string(JobInProgress)}, limit)
@@ -103,7 +90,7 @@ func (s *Store) orphans(ctx context.Context, held string, args []any, limit int)
 		}
 	}
 	rows, err := s.rdb.WithContext(ctx).Raw(held+
-		" UNION ALL SELECT "+clusterCols+", NULL, NULL, NULL, NULL, NULL FROM clusters c"+
+		" UNION ALL SELECT "+s.cols.cluster+", NULL, NULL, NULL, NULL, NULL FROM clusters c"+
 		" WHERE c.state IN ? AND c.current_operation = '' LIMIT ?",
 		append(args, states, limit)...).Rows()
 	if err != nil {
@@ -148,9 +135,9 @@ func (s *Store) ChangedUnheldClusters(ctx context.Context, states []lifecycle.St
 	// The unary + (a no-op on MySQL) keeps SQLite, which plans without
 	// statistics, from reading every resting cluster off the state index
 	// instead of only the changed ones off the update times.
-	rows, err := s.rdb.WithContext(ctx).Raw("SELECT "+clusterCols+" FROM clusters c"+
+	rows, err := s.rdb.WithContext(ctx).Raw("SELECT "+s.cols.cluster+" FROM clusters c"+
 		" WHERE c.update_time >= ? AND +c.state IN ? AND +c.current_operation = ''"+
-		" UNION ALL SELECT "+clusterCols+" FROM clusters c"+
+		" UNION ALL SELECT "+s.cols.cluster+" FROM clusters c"+
 		" WHERE c.id IN (SELECT m.cluster_id FROM machines m WHERE m.update_time >= ?) AND +c.state IN ? AND +c.current_operation = ''"+
 		" LIMIT ?",
 		since, names, since, names, limit).Rows()
