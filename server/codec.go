@@ -14,20 +14,57 @@ import (
 	"github.com/clusterd/clusterd/service"
 )
 
-// requestCodec is gRPC's proto codec with one change: a request that does
+// requestCodec is gRPC's proto codec with two changes. A request that does
 // not decode (a string field that is not UTF-8, broken wire data) is not
 // answered by gRPC itself with INTERNAL, which is what gRPC does with any
 // decoding error before an interceptor runs. The codec leaves the message
 // empty and keeps the error for the interceptor chain (take), which answers
-// INVALID_ARGUMENT naming the field, after authentication.
+// INVALID_ARGUMENT naming the field, after authentication. And a response
+// is encoded into a buffer from a pool of every power of two (see Marshal).
 type requestCodec struct {
 	encoding.CodecV2
 	mu     sync.Mutex
 	failed map[any]error
+	// pool holds the buffers Marshal encodes responses into; gRPC's
+	// transport puts each back once it has written it.
+	pool mem.BufferPool
 }
 
 func newRequestCodec() *requestCodec {
-	return &requestCodec{CodecV2: encoding.GetCodecV2("proto"), failed: map[any]error{}}
+	pool, err := mem.NewBinaryTieredBufferPool(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
+	if err != nil {
+		panic(fmt.Sprintf("response buffer pool: %v", err)) // only for exponents too large for the platform
+	}
+	return &requestCodec{CodecV2: encoding.GetCodecV2("proto"), failed: map[any]error{}, pool: pool}
+}
+
+// Marshal encodes like gRPC's codec, into a buffer from c.pool. gRPC's
+// default pool has no size between 32 KiB and 1 MiB and clears a buffer's
+// whole capacity when it hands it out, so every response of that size (a
+// page of ListClusters: tens of KiB) cleared 1 MiB: 7% of clusterd's CPU in a
+// page of 100 clusters. A buffer from c.pool is at most twice the response.
+func (c *requestCodec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return c.CodecV2.Marshal(v)
+	}
+	size := proto.Size(m)
+	// UseCachedSize reuses the sizes proto.Size just computed, as gRPC's
+	// codec does.
+	opts := proto.MarshalOptions{UseCachedSize: true}
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		b, err := opts.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	buf := c.pool.Get(size)
+	if _, err := opts.MarshalAppend((*buf)[:0], m); err != nil {
+		c.pool.Put(buf)
+		return nil, err
+	}
+	return mem.BufferSlice{mem.NewBuffer(buf, c.pool)}, nil
 }
 
 // Unmarshal decodes like gRPC's codec, keeping a decoding error for take.
