@@ -386,7 +386,7 @@ func (s *Store) ClustersByID(ctx context.Context, ids []string) (map[string]Clus
 	for i, id := range ids {
 		args[i] = id
 	}
-	cs, err := s.readClusters(ctx, "SELECT "+s.cols.cluster+" FROM clusters c WHERE c.id IN ("+marks+")", args...)
+	cs, err := s.readClusters(ctx, len(ids), "SELECT "+s.cols.cluster+" FROM clusters c WHERE c.id IN ("+marks+")", args...)
 	if err != nil {
 		return nil, fmt.Errorf("read %d clusters: %w", len(ids), classify(err))
 	}

@@ -262,7 +262,7 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 // GetCluster reads one cluster, destroyed ones included (their state says so).
 func (s *Store) GetCluster(ctx context.Context, id string) (Cluster, error) {
 	if !s.inTx {
-		cs, err := s.readClusters(ctx, "SELECT "+s.cols.cluster+" FROM clusters c WHERE c.id = ?", id)
+		cs, err := s.readClusters(ctx, 1, "SELECT "+s.cols.cluster+" FROM clusters c WHERE c.id = ?", id)
 		switch {
 		case err != nil:
 			return Cluster{}, fmt.Errorf("get cluster %s: %w", id, classify(err))
@@ -314,7 +314,7 @@ func (s *Store) ListClusters(ctx context.Context, q ClusterQuery) ([]Cluster, er
 		query += " AND c.id > ?"
 		args = append(args, q.After)
 	}
-	cs, err := s.readClusters(ctx, query+" ORDER BY c.id LIMIT ?", append(args, q.Limit)...)
+	cs, err := s.readClusters(ctx, q.Limit, query+" ORDER BY c.id LIMIT ?", append(args, q.Limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list clusters: %w", classify(err))
 	}
@@ -331,14 +331,16 @@ func (s *Store) readDB() *sql.DB {
 
 // readClusters runs a query of s.cols.cluster on the readers, scanning the rows
 // by hand: the hottest reads (GetCluster, ListClusters) skip GORM, whose
-// reflection cost as much as the query itself.
-func (s *Store) readClusters(ctx context.Context, query string, args ...any) ([]Cluster, error) {
+// reflection cost as much as the query itself. size is the number of rows
+// the query may return: the slice is made that large at once (up to 1,024,
+// a page of the largest size).
+func (s *Store) readClusters(ctx context.Context, size int, query string, args ...any) ([]Cluster, error) {
 	rows, err := s.readDB().QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := []Cluster{}
+	out := make([]Cluster, 0, min(size, 1024))
 	for rows.Next() {
 		r, err := scanCluster(rows)
 		if err != nil {

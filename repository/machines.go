@@ -157,11 +157,18 @@ func (s *Store) getMachine(db *gorm.DB, id string) (Machine, error) {
 // its machine back and every job its cluster's machines.
 func scanMachine(r interface{ Scan(dest ...any) error }) (Machine, error) {
 	var m Machine
-	if err := r.Scan(&m.ID, &m.ClusterID, &m.Role, &m.Power, &m.Joined, &m.Cordoned, &m.KubernetesVersion,
-		&m.AttachedISO, &m.Offering, stamp{&m.CreateTime}, stamp{&m.UpdateTime}); err != nil {
+	if err := scanMachineInto(r, &m); err != nil {
 		return Machine{}, err
 	}
 	return m, nil
+}
+
+// scanMachineInto is scanMachine into *m, which a list's rows are scanned
+// into where they are kept (a Machine scanned into a variable of its own
+// goes to the heap: its fields' addresses are passed to Scan).
+func scanMachineInto(r interface{ Scan(dest ...any) error }, m *Machine) error {
+	return r.Scan(&m.ID, &m.ClusterID, &m.Role, &m.Power, &m.Joined, &m.Cordoned, &m.KubernetesVersion,
+		&m.AttachedISO, &m.Offering, stamp{&m.CreateTime}, stamp{&m.UpdateTime})
 }
 
 // ListMachines returns the machines of the given clusters ("" names the free
@@ -198,13 +205,14 @@ func (s *Store) readMachines(ctx context.Context, clusterIDs []string) ([]Machin
 		return nil, fmt.Errorf("list machines: %w", classify(err))
 	}
 	defer rows.Close()
-	out := []Machine{}
+	// Room for three machines a cluster (a control node and two workers)
+	// before the slice grows; each row is scanned in place.
+	out := make([]Machine, 0, 3*len(clusterIDs))
 	for rows.Next() {
-		m, err := scanMachine(rows)
-		if err != nil {
+		out = append(out, Machine{})
+		if err := scanMachineInto(rows, &out[len(out)-1]); err != nil {
 			return nil, fmt.Errorf("list machines: %w", classify(err))
 		}
-		out = append(out, m)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list machines: %w", classify(err))
