@@ -116,7 +116,7 @@ func startFrontDoor(b *testing.B, e *env, stepDelay string) *frontDoor {
 	d.cmd = exec.Command(bin, "--database", e.dsn, "--server-id", d.id,
 		"--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--debug-addr", debugAddr,
 		"--auth-tokens", tokens, "--secrets-key-file", keys,
-		// Peers (the in-process benchmarks' server, the other front door)
+		// Peers (the in-process benchmarks' server, the other front doors)
 		// are never taken for dead.
 		"--sim-step-delay", stepDelay, "--peer-timeout", "24h", "--log-level", "WARN")
 	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
