@@ -2,6 +2,7 @@ package repository
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -87,6 +88,8 @@ func (d maybeStamp) Scan(v any) error {
 
 // stampLayouts are the layouts SQLite's driver reads, after the one
 // parseStamp reads by hand: a row written some other way still reads.
+// parseStampInto also takes what the driver takes around them (spaces, a
+// trailing "Z", the monotonic clock reading of time.Time's String).
 var stampLayouts = []string{
 	"2006-01-02 15:04:05.999999999-07:00",
 	"2006-01-02T15:04:05.999999999-07:00",
@@ -103,8 +106,13 @@ func parseStampInto(dst *time.Time, s string) error {
 		*dst = t
 		return nil
 	}
+	bare := strings.TrimSpace(s)
+	if i := strings.Index(bare, " m="); i >= 0 {
+		bare = bare[:i]
+	}
+	bare = strings.TrimSuffix(bare, "Z")
 	for _, l := range stampLayouts {
-		if t, err := time.Parse(l, s); err == nil {
+		if t, err := time.Parse(l, bare); err == nil {
 			*dst = t.UTC()
 			return nil
 		}

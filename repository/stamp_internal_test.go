@@ -26,6 +26,12 @@ func TestStampScan(t *testing.T) {
 		{"2026-12-04 16:16", time.Date(2026, 12, 4, 16, 16, 0, 0, time.UTC)},
 		{"2026-12-04", time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)},
 		{[]byte("2026-12-04 16:16:25.25+00:00"), time.Date(2026, 12, 4, 16, 16, 25, 250000000, time.UTC)},
+		// What the driver writes without _time_format (time.Time's String),
+		// and layouts with the "Z" the driver cuts.
+		{"2026-12-04 16:16:25.5 +0000 UTC m=+0.100000001", time.Date(2026, 12, 4, 16, 16, 25, 500000000, time.UTC)},
+		{"2026-12-04T16:16Z", time.Date(2026, 12, 4, 16, 16, 0, 0, time.UTC)},
+		{"2026-12-04Z", time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)},
+		{"2026-12-04 16:16:25.1234567891Z", time.Date(2026, 12, 4, 16, 16, 25, 123456789, time.UTC)},
 		// MySQL's driver hands over a time.Time.
 		{time.Date(2026, 12, 4, 21, 46, 25, 0, east), time.Date(2026, 12, 4, 16, 16, 25, 0, time.UTC)},
 	}
@@ -36,7 +42,7 @@ func TestStampScan(t *testing.T) {
 		}
 	}
 	for _, bad := range []any{"2026-02-30 00:00:00+00:00", "2026-13-01 00:00:00+00:00", "2026-12-04 24:00:00+00:00",
-		"2026-12-04 16:16:25.+00:00", "2026-12-04 16:16:25+0000", "yesterday", "", 42} {
+		"2026-12-04 16:16:25.+00:00", "2026-12-04 16:16:25+0000", "yesterday", "", 42, nil} {
 		var got time.Time
 		if err := (stamp{&got}).Scan(bad); err == nil {
 			t.Errorf("Scan(%q) = %v; want an error", bad, got)

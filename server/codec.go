@@ -20,7 +20,8 @@ import (
 // decoding error before an interceptor runs. The codec leaves the message
 // empty and keeps the error for the interceptor chain (take), which answers
 // INVALID_ARGUMENT naming the field, after authentication. And a response
-// is encoded into a buffer from a pool of every power of two (see Marshal).
+// is encoded into a buffer from a pool of every power of two from 2 KiB to
+// 1 MiB (see Marshal).
 type requestCodec struct {
 	encoding.CodecV2
 	mu     sync.Mutex
@@ -31,7 +32,9 @@ type requestCodec struct {
 }
 
 func newRequestCodec() *requestCodec {
-	pool, err := mem.NewBinaryTieredBufferPool(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
+	// 2 KiB to 1 MiB: a response of 1 KiB or less is not pooled (gRPC's
+	// threshold), one larger than 1 MiB comes from the pool's fallback.
+	pool, err := mem.NewBinaryTieredBufferPool(11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
 	if err != nil {
 		panic(fmt.Sprintf("response buffer pool: %v", err)) // only for exponents too large for the platform
 	}
@@ -42,7 +45,8 @@ func newRequestCodec() *requestCodec {
 // default pool has no size between 32 KiB and 1 MiB and clears a buffer's
 // whole capacity when it hands it out, so every response of that size (a
 // page of ListClusters: tens of KiB) cleared 1 MiB: 7% of clusterd's CPU in a
-// page of 100 clusters. A buffer from c.pool is at most twice the response.
+// page of 100 clusters. Up to 1 MiB, a buffer from c.pool is at most twice
+// the response.
 func (c *requestCodec) Marshal(v any) (mem.BufferSlice, error) {
 	m, ok := v.(proto.Message)
 	if !ok {
