@@ -282,6 +282,88 @@ func (s *Store) GetCluster(ctx context.Context, id string) (Cluster, error) {
 	return row.toCluster()
 }
 
+// GetClusterWithMachines is GetCluster and ListMachines of that cluster
+// (oldest first) in one statement: one round trip to the database where
+// the two reads made two, and the machines read in the same snapshot as the
+// row. GetCluster's RPC makes it for every call.
+func (s *Store) GetClusterWithMachines(ctx context.Context, id string) (Cluster, []Machine, error) {
+	if s.inTx {
+		c, err := s.GetCluster(ctx, id)
+		if err != nil {
+			return Cluster{}, nil, err
+		}
+		ms, err := s.ListMachines(ctx, id)
+		return c, ms, err
+	}
+	c, ms, err := s.readClusterWithMachines(ctx, id)
+	if err != nil {
+		return Cluster{}, nil, fmt.Errorf("get cluster %s with its machines: %w", id, classify(err))
+	}
+	if c.ID == "" {
+		return Cluster{}, nil, fmt.Errorf("cluster %s: %w", id, ErrNotFound)
+	}
+	return c, ms, nil
+}
+
+// readClusterWithMachines runs GetClusterWithMachines's statement: a row a
+// machine, each carrying the cluster's columns too (one row with the
+// machine's columns NULL when it has none, none when the cluster does not
+// exist). The cluster is scanned from the first row; later rows' cluster
+// columns go to a discard.
+func (s *Store) readClusterWithMachines(ctx context.Context, id string) (Cluster, []Machine, error) {
+	rows, err := s.readDB().QueryContext(ctx, "SELECT "+s.cols.clusterMachines+
+		" FROM clusters c LEFT JOIN machines m ON m.cluster_id = c.id WHERE c.id = ? ORDER BY m.create_time, m.id", id)
+	if err != nil {
+		return Cluster{}, nil, err
+	}
+	defer rows.Close()
+	var (
+		row                clusterRow
+		ms                 []Machine
+		mid, role, power   sql.NullString
+		k8s, iso, offering sql.NullString
+		joined, cordoned   sql.NullBool
+		created, updated   time.Time
+		skip               []any
+	)
+	machine := []any{&mid, &role, &power, &joined, &cordoned, &k8s, &iso, &offering, joinedStamp{&created}, joinedStamp{&updated}}
+	for first := true; rows.Next(); first = false {
+		if first {
+			if row, err = scanCluster(rows, machine...); err != nil {
+				return Cluster{}, nil, err
+			}
+			ms = make([]Machine, 0, max(0, int(row.ControlNodeCount)+int(row.WorkerNodeCount)))
+		} else {
+			if skip == nil {
+				skip = make([]any, s.cols.clusterN, s.cols.clusterN+len(machine))
+				var discard sql.RawBytes
+				for i := range skip {
+					skip[i] = &discard
+				}
+				skip = append(skip, machine...)
+			}
+			if err := rows.Scan(skip...); err != nil {
+				return Cluster{}, nil, err
+			}
+		}
+		if !mid.Valid {
+			continue // a cluster without machines
+		}
+		m := Machine{ID: mid.String, ClusterID: row.ID, Role: role.String, Power: power.String, Joined: joined.Bool,
+			Cordoned: cordoned.Bool, KubernetesVersion: k8s.String, AttachedISO: iso.String, Offering: offering.String,
+			CreateTime: created, UpdateTime: updated}
+		ms = append(ms, m)
+	}
+	if err := rows.Err(); err != nil {
+		return Cluster{}, nil, err
+	}
+	if row.ID == "" {
+		return Cluster{}, nil, nil
+	}
+	c, err := row.toCluster()
+	return c, ms, err
+}
+
 // ClusterQuery selects a page of clusters in creation order.
 type ClusterQuery struct {
 	// Where keeps the clusters it matches (a Filter on Cluster... fields);

@@ -8,9 +8,11 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 )
 
@@ -245,6 +247,72 @@ func TestNetworkRulesAreIdempotent(t *testing.T) {
 		}
 		if err := s.DeleteNetworkRules(ctx, nil); err != nil {
 			t.Errorf("deleting no rules: %v", err)
+		}
+	})
+}
+
+// TestGetClusterWithMachines holds the one-statement read to what GetCluster
+// and ListMachines read in two: a cluster without machines, with one, with
+// several (oldest first, free machines and other clusters' left out), a
+// missing one, and the same inside a transaction.
+func TestGetClusterWithMachines(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		ctx := ctxT(t)
+		bare, _ := create(t, s, "bare")
+		one := running(t, s, "one")
+		many := running(t, s, "many")
+		newMachine(t, s, one.ID, "CONTROL")
+		for _, role := range []string{"CONTROL", "WORKER", "WORKER", "WORKER"} {
+			newMachine(t, s, many.ID, role)
+			newMachine(t, s, "", "EXTERNAL")
+		}
+		m := newMachine(t, s, many.ID, "WORKER")
+		if _, err := s.UpdateMachine(ctx, m.ID, repository.MachineCondition{}, repository.MachineChanges{Cordoned: ptr(true), Joined: ptr(true)}); err != nil {
+			t.Fatal(err)
+		}
+
+		check := func(t *testing.T, s *repository.Store, id string) {
+			t.Helper()
+			wantC, err := s.GetCluster(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantM, err := s.ListMachines(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, ms, err := s.GetClusterWithMachines(ctx, id)
+			if err != nil {
+				t.Fatalf("GetClusterWithMachines(%s): %v", wantC.DisplayName, err)
+			}
+			if !reflect.DeepEqual(c, wantC) {
+				t.Errorf("GetClusterWithMachines(%s): cluster %+v; want %+v", wantC.DisplayName, c, wantC)
+			}
+			if len(ms) != len(wantM) || (len(ms) > 0 && !reflect.DeepEqual(ms, wantM)) {
+				t.Errorf("GetClusterWithMachines(%s): machines %+v; want %+v", wantC.DisplayName, ms, wantM)
+			}
+		}
+		for _, id := range []string{bare.ID, one.ID, many.ID} {
+			check(t, s, id)
+		}
+		if _, _, err := s.GetClusterWithMachines(ctx, "nope"); !errors.Is(err, repository.ErrNotFound) {
+			t.Errorf("GetClusterWithMachines of a missing cluster: %v; want ErrNotFound", err)
+		}
+		// Inside a transaction (a driver's guarded change) it reads the same.
+		c, j, err := s.Claim(ctx, repository.Transition{ClusterID: many.ID, Expect: many.Expect(),
+			Event: lifecycle.StopRequested}, repository.NewJob{Kind: "stop", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.Guarded(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Attempt: j.Attempt}, func(tx *repository.Store) error {
+			check(t, tx, many.ID)
+			if _, _, err := tx.GetClusterWithMachines(ctx, "nope"); !errors.Is(err, repository.ErrNotFound) {
+				t.Errorf("GetClusterWithMachines of a missing cluster in a transaction: %v; want ErrNotFound", err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	})
 }

@@ -25,6 +25,12 @@ type hotColumns struct {
 	cluster string
 	// machine is what scanMachine reads.
 	machine string
+	// clusterMachines is cluster, then the columns of a machine of the
+	// cluster (m, LEFT JOINed), but its cluster_id: what
+	// GetClusterWithMachines reads.
+	clusterMachines string
+	// clusterN is the number of columns in cluster.
+	clusterN int
 	// job is what scanJob reads.
 	job string
 }
@@ -37,7 +43,7 @@ func columnsFor(b Backend) hotColumns {
 		}
 		return col
 	}
-	return hotColumns{
+	cols := hotColumns{
 		cluster: "c.id, c.account, c.display_name, c.alive, c.description, c.state, c.version, " +
 			"c.current_operation, c.kubernetes_version, c.control_node_count, c.worker_node_count, " +
 			"c.service_offering, c.autoscaling_enabled, c.autoscaling_min, c.autoscaling_max, c.endpoint, " +
@@ -49,6 +55,10 @@ func columnsFor(b Backend) hotColumns {
 			" params, result, error, step, steps_done, steps_total, cancel_requested, attempt, handed_off, " +
 			t("deadline") + ", " + t("create_time") + ", " + t("update_time") + ", " + t("end_time"),
 	}
+	cols.clusterN = strings.Count(cols.cluster, ",") + 1
+	cols.clusterMachines = cols.cluster + ", m.id, m.role, m.power, m.joined, m.cordoned, m.kubernetes_version, " +
+		"m.attached_iso, m.offering, " + t("m.create_time") + ", " + t("m.update_time")
+	return cols
 }
 
 // stamp scans a timestamp column into *t, in UTC, whichever way the driver
@@ -84,6 +94,19 @@ func (d maybeStamp) Scan(v any) error {
 	}
 	*d.t = &t
 	return nil
+}
+
+// joinedStamp is stamp for a column of a LEFT JOINed table, NULL when the
+// join found no row: NULL leaves the zero time.
+type joinedStamp struct{ t *time.Time }
+
+// Scan implements sql.Scanner.
+func (d joinedStamp) Scan(v any) error {
+	if v == nil {
+		*d.t = time.Time{}
+		return nil
+	}
+	return stamp(d).Scan(v)
 }
 
 // stampLayouts are the layouts SQLite's driver reads, after the one

@@ -38,6 +38,7 @@ type Store interface {
 	CreateMachine(ctx context.Context, m repository.Machine) (repository.Machine, error)
 	GetMachine(ctx context.Context, id string) (repository.Machine, error)
 	ListMachines(ctx context.Context, clusterIDs ...string) ([]repository.Machine, error)
+	GetClusterWithMachines(ctx context.Context, id string) (repository.Cluster, []repository.Machine, error)
 	UpdateMachine(ctx context.Context, id string, cond repository.MachineCondition, ch repository.MachineChanges) (repository.Machine, error)
 	ListNetworkRules(ctx context.Context, clusterID string) ([]repository.NetworkRule, error)
 	// Guarded runs a step's writes in one transaction, only while the
@@ -193,6 +194,22 @@ func (s *Simulator) Machines(ctx context.Context, clusterIDs ...string) ([]infra
 		out[i] = toMachine(m)
 	}
 	return out, nil
+}
+
+// ClusterWithMachines reads cluster id and its machines (oldest first) in
+// one statement: the simulator keeps its machines in the clusters'
+// database, so a reader of both need not make two reads
+// (repository.ErrNotFound when the cluster does not exist).
+func (s *Simulator) ClusterWithMachines(ctx context.Context, id string) (repository.Cluster, []infra.Machine, error) {
+	c, ms, err := s.store.GetClusterWithMachines(ctx, id)
+	if err != nil {
+		return repository.Cluster{}, nil, err
+	}
+	out := make([]infra.Machine, len(ms))
+	for i, m := range ms {
+		out[i] = toMachine(m)
+	}
+	return c, out, nil
 }
 
 // Machine reads one machine (infra.ErrNotFound).
