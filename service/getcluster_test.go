@@ -7,8 +7,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
-	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/auth"
+	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
 	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/repository/repotest"
 	"github.com/clusterd/clusterd/service"
