@@ -262,7 +262,7 @@ func (s *Store) CreateCluster(ctx context.Context, nc NewCluster, nj NewJob) (Cl
 // GetCluster reads one cluster, destroyed ones included (their state says so).
 func (s *Store) GetCluster(ctx context.Context, id string) (Cluster, error) {
 	if !s.inTx {
-		cs, err := s.readClusters(ctx, 1, "SELECT "+s.cols.cluster+" FROM clusters c WHERE c.id = ?", id)
+		cs, err := s.readClusters(ctx, 1, s.cols.getCluster, id)
 		switch {
 		case err != nil:
 			return Cluster{}, fmt.Errorf("get cluster %s: %w", id, classify(err))
@@ -309,41 +309,33 @@ func (s *Store) GetClusterWithMachines(ctx context.Context, id string) (Cluster,
 // machine, each carrying the cluster's columns too (one row with the
 // machine's columns NULL when it has none, none when the cluster does not
 // exist). The cluster is scanned from the first row; later rows' cluster
-// columns go to a discard.
+// columns are discarded.
 func (s *Store) readClusterWithMachines(ctx context.Context, id string) (Cluster, []Machine, error) {
-	rows, err := s.readDB().QueryContext(ctx, "SELECT "+s.cols.clusterMachines+
-		" FROM clusters c LEFT JOIN machines m ON m.cluster_id = c.id WHERE c.id = ? ORDER BY m.create_time, m.id", id)
+	rows, err := s.readDB().QueryContext(ctx, s.cols.getClusterMachines, id)
 	if err != nil {
 		return Cluster{}, nil, err
 	}
 	defer rows.Close()
 	var (
 		row                clusterRow
+		alive              sql.NullInt64
 		ms                 []Machine
 		mid, role, power   sql.NullString
 		k8s, iso, offering sql.NullString
 		joined, cordoned   sql.NullBool
 		created, updated   time.Time
-		skip               []any
 	)
-	machine := []any{&mid, &role, &power, &joined, &cordoned, &k8s, &iso, &offering, joinedStamp{&created}, joinedStamp{&updated}}
+	dest := clusterDest(&row, &alive, &mid, &role, &power, &joined, &cordoned, &k8s, &iso, &offering,
+		joinedStamp{&created}, joinedStamp{&updated})
 	for first := true; rows.Next(); first = false {
+		if err := rows.Scan(dest...); err != nil {
+			return Cluster{}, nil, err
+		}
 		if first {
-			if row, err = scanCluster(rows, machine...); err != nil {
-				return Cluster{}, nil, err
-			}
+			row.setAlive(alive)
 			ms = make([]Machine, 0, max(0, int(row.ControlNodeCount)+int(row.WorkerNodeCount)))
-		} else {
-			if skip == nil {
-				skip = make([]any, s.cols.clusterN, s.cols.clusterN+len(machine))
-				var discard sql.RawBytes
-				for i := range skip {
-					skip[i] = &discard
-				}
-				skip = append(skip, machine...)
-			}
-			if err := rows.Scan(skip...); err != nil {
-				return Cluster{}, nil, err
+			for i := range s.cols.clusterN {
+				dest[i] = discard{} // the same cluster, again
 			}
 		}
 		if !mid.Valid {

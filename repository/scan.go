@@ -23,20 +23,36 @@ func scanCluster(rows *sql.Rows, extra ...any) (clusterRow, error) {
 		r     clusterRow
 		alive sql.NullInt64
 	)
-	dest := append([]any{&r.ID, &r.Account, &r.DisplayName, &alive, &r.Description, &r.State, &r.Version,
+	if err := rows.Scan(clusterDest(&r, &alive, extra...)...); err != nil {
+		return r, err
+	}
+	r.setAlive(alive)
+	return r, nil
+}
+
+// clusterDest is what a row of hotColumns.cluster, then extra, is scanned
+// into: r, and alive for its nullable column (see setAlive).
+func clusterDest(r *clusterRow, alive *sql.NullInt64, extra ...any) []any {
+	return append([]any{&r.ID, &r.Account, &r.DisplayName, alive, &r.Description, &r.State, &r.Version,
 		&r.CurrentOperation, &r.KubernetesVersion, &r.ControlNodeCount, &r.WorkerNodeCount,
 		&r.ServiceOffering, &r.AutoscalingEnabled, &r.AutoscalingMin, &r.AutoscalingMax, &r.Endpoint,
 		stamp{&r.CreateTime}, stamp{&r.UpdateTime}, maybeStamp{&r.DeleteTime}, &r.ControlOffering, &r.StatusMessage,
 		maybeStamp{&r.StatusTime}}, extra...)
-	if err := rows.Scan(dest...); err != nil {
-		return r, err
-	}
+}
+
+// setAlive sets r.Alive from the column clusterDest scanned it into.
+func (r *clusterRow) setAlive(alive sql.NullInt64) {
 	if alive.Valid {
 		a := int(alive.Int64)
 		r.Alive = &a
 	}
-	return r, nil
 }
+
+// discard is a column's destination whose value is not wanted.
+type discard struct{}
+
+// Scan implements sql.Scanner.
+func (discard) Scan(any) error { return nil }
 
 // Orphans lists, in one query, up to limit clusters that recovery must take
 // over (SPEC §5.1), those held by an operation first: a cluster that names

@@ -25,12 +25,12 @@ type hotColumns struct {
 	cluster string
 	// machine is what scanMachine reads.
 	machine string
-	// clusterMachines is cluster, then the columns of a machine of the
-	// cluster (m, LEFT JOINed), but its cluster_id: what
-	// GetClusterWithMachines reads.
-	clusterMachines string
 	// clusterN is the number of columns in cluster.
 	clusterN int
+	// getCluster and getClusterMachines are GetCluster's and
+	// GetClusterWithMachines's statements, built once: the reads of every
+	// GetCluster call.
+	getCluster, getClusterMachines string
 	// job is what scanJob reads.
 	job string
 }
@@ -56,8 +56,12 @@ func columnsFor(b Backend) hotColumns {
 			t("deadline") + ", " + t("create_time") + ", " + t("update_time") + ", " + t("end_time"),
 	}
 	cols.clusterN = strings.Count(cols.cluster, ",") + 1
-	cols.clusterMachines = cols.cluster + ", m.id, m.role, m.power, m.joined, m.cordoned, m.kubernetes_version, " +
-		"m.attached_iso, m.offering, " + t("m.create_time") + ", " + t("m.update_time")
+	cols.getCluster = "SELECT " + cols.cluster + " FROM clusters c WHERE c.id = ?"
+	// The cluster, then the columns of each of its machines (m, LEFT
+	// JOINed) but their cluster_id.
+	cols.getClusterMachines = "SELECT " + cols.cluster + ", m.id, m.role, m.power, m.joined, m.cordoned, m.kubernetes_version, " +
+		"m.attached_iso, m.offering, " + t("m.create_time") + ", " + t("m.update_time") +
+		" FROM clusters c LEFT JOIN machines m ON m.cluster_id = c.id WHERE c.id = ? ORDER BY m.create_time, m.id"
 	return cols
 }
 
