@@ -293,7 +293,10 @@ func (s *Store) GetClusterWithMachines(ctx context.Context, id string) (Cluster,
 			return Cluster{}, nil, err
 		}
 		ms, err := s.ListMachines(ctx, id)
-		return c, ms, err
+		if err != nil {
+			return Cluster{}, nil, fmt.Errorf("get cluster %s with its machines: %w", id, err)
+		}
+		return c, ms, nil
 	}
 	c, ms, err := s.readClusterWithMachines(ctx, id)
 	if err != nil {
@@ -325,7 +328,9 @@ func (s *Store) readClusterWithMachines(ctx context.Context, id string) (Cluster
 		joined, cordoned   sql.NullBool
 		created, updated   time.Time
 	)
-	dest := clusterDest(&row, &alive, &mid, &role, &power, &joined, &cordoned, &k8s, &iso, &offering,
+	dest := clusterDest(&row, &alive)
+	clusterN := len(dest)
+	dest = append(dest, &mid, &role, &power, &joined, &cordoned, &k8s, &iso, &offering,
 		joinedStamp{&created}, joinedStamp{&updated})
 	for first := true; rows.Next(); first = false {
 		if err := rows.Scan(dest...); err != nil {
@@ -333,8 +338,9 @@ func (s *Store) readClusterWithMachines(ctx context.Context, id string) (Cluster
 		}
 		if first {
 			row.setAlive(alive)
-			ms = make([]Machine, 0, max(0, int(row.ControlNodeCount)+int(row.WorkerNodeCount)))
-			for i := range s.cols.clusterN {
+			// Room for the machines its spec asks for, up to a bound.
+			ms = make([]Machine, 0, min(max(0, int(row.ControlNodeCount)+int(row.WorkerNodeCount)), 64))
+			for i := range clusterN {
 				dest[i] = discard{} // the same cluster, again
 			}
 		}

@@ -298,13 +298,32 @@ func TestGetClusterWithMachines(t *testing.T) {
 		if _, _, err := s.GetClusterWithMachines(ctx, "nope"); !errors.Is(err, repository.ErrNotFound) {
 			t.Errorf("GetClusterWithMachines of a missing cluster: %v; want ErrNotFound", err)
 		}
-		// Inside a transaction (a driver's guarded change) it reads the same.
+		// Inside a transaction (a driver's guarded change) it reads what the
+		// transaction wrote.
+		before, err := s.ListMachines(ctx, many.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
 		c, j, err := s.Claim(ctx, repository.Transition{ClusterID: many.ID, Expect: many.Expect(),
 			Event: lifecycle.StopRequested}, repository.NewJob{Kind: "stop", ServerID: "s1", Deadline: time.Now().Add(time.Hour)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		err = s.Guarded(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Attempt: j.Attempt}, func(tx *repository.Store) error {
+			if _, err := tx.UpdateMachine(ctx, before[0].ID, repository.MachineCondition{}, repository.MachineChanges{Cordoned: ptr(true)}); err != nil {
+				return err
+			}
+			added, err := tx.CreateMachine(ctx, repository.Machine{ID: uuid.NewString(), ClusterID: many.ID, Role: "WORKER", Power: "RUNNING"})
+			if err != nil {
+				return err
+			}
+			_, ms, err := tx.GetClusterWithMachines(ctx, many.ID)
+			if err != nil {
+				return err
+			}
+			if len(ms) != len(before)+1 || !ms[0].Cordoned || !slices.ContainsFunc(ms, func(m repository.Machine) bool { return m.ID == added.ID }) {
+				t.Errorf("GetClusterWithMachines in the transaction that cordoned %s and added %s: %+v", before[0].ID, added.ID, ms)
+			}
 			check(t, tx, many.ID)
 			if _, _, err := tx.GetClusterWithMachines(ctx, "nope"); !errors.Is(err, repository.ErrNotFound) {
 				t.Errorf("GetClusterWithMachines of a missing cluster in a transaction: %v; want ErrNotFound", err)

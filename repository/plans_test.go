@@ -165,6 +165,10 @@ func TestScanQueryPlans(t *testing.T) {
 				}},
 				{"purge", []string{"jobs_end_time"}, func() error { _, err := s.PurgeJobs(ctx, now.Add(-7*24*time.Hour), 500); return err }},
 				{"get cluster", nil, func() error { _, err := s.GetCluster(ctx, "00000000-0000-7000-8000-000000001234"); return err }},
+				{"get cluster with machines", []string{"machines_cluster"}, func() error {
+					_, _, err := s.GetClusterWithMachines(ctx, "00000000-0000-7000-8000-000000001234")
+					return err
+				}},
 				{"list clusters", nil, func() error {
 					_, err := s.ListClusters(ctx, repository.ClusterQuery{After: "00000000-0000-7000-8000-000000001234", Limit: 101})
 					return err

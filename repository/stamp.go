@@ -25,11 +25,9 @@ type hotColumns struct {
 	cluster string
 	// machine is what scanMachine reads.
 	machine string
-	// clusterN is the number of columns in cluster.
-	clusterN int
 	// getCluster and getClusterMachines are GetCluster's and
-	// GetClusterWithMachines's statements, built once: the reads of every
-	// GetCluster call.
+	// GetClusterWithMachines's statements, built once: one of them is read
+	// for every call of the GetCluster RPC.
 	getCluster, getClusterMachines string
 	// job is what scanJob reads.
 	job string
@@ -55,7 +53,6 @@ func columnsFor(b Backend) hotColumns {
 			" params, result, error, step, steps_done, steps_total, cancel_requested, attempt, handed_off, " +
 			t("deadline") + ", " + t("create_time") + ", " + t("update_time") + ", " + t("end_time"),
 	}
-	cols.clusterN = strings.Count(cols.cluster, ",") + 1
 	cols.getCluster = "SELECT " + cols.cluster + " FROM clusters c WHERE c.id = ?"
 	// The cluster, then the columns of each of its machines (m, LEFT
 	// JOINed) but their cluster_id.

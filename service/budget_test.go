@@ -31,7 +31,9 @@ import (
 // request until it is answered), the job (its steps' progress, its end) and
 // the infrastructure (the simulator, which keeps its machines in the same
 // database but stands in for a remote API: a real driver's calls are not
-// clusterd's SQL). Statements are SQL run (exec or query); transactions
+// clusterd's SQL). One exception: GetCluster reads the cluster's row with
+// its machines in one statement through the simulator, so its read of the
+// row counts as the infrastructure's. Statements are SQL run (exec or query); transactions
 // (begin + commit) and prepared-statement round trips (prepare + close) are
 // counted beside them.
 

@@ -212,7 +212,9 @@ func (s *Clusters) GetCluster(ctx context.Context, req *clv1.GetClusterRequest) 
 
 // clusterWithMachines is an infrastructure that keeps its machines in
 // clusterd's database (the simulator): it reads a cluster and its machines
-// in one statement, where the store and Machines would make two reads.
+// in one statement, where the store and Machines would make two reads. It
+// reads the clusters of the database the handlers' Store reads, and answers
+// a missing cluster with repository.ErrNotFound, as the Store does.
 type clusterWithMachines interface {
 	ClusterWithMachines(ctx context.Context, id string) (repository.Cluster, []infra.Machine, error)
 }
