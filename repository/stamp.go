@@ -47,8 +47,7 @@ func columnsFor(b Backend) hotColumns {
 			"c.service_offering, c.autoscaling_enabled, c.autoscaling_min, c.autoscaling_max, c.endpoint, " +
 			t("c.create_time") + ", " + t("c.update_time") + ", " + t("c.delete_time") + ", c.control_offering, c.status_message, " +
 			t("c.status_time"),
-		machine: "id, cluster_id, role, power, joined, cordoned, kubernetes_version, attached_iso, offering, " +
-			t("create_time") + ", " + t("update_time"),
+		machine: "id, cluster_id, " + machineColumns(t, ""),
 		job: "id, kind, account, resource_id, server_id, server_incarnation, status, request_id, request_hash," +
 			" params, result, error, step, steps_done, steps_total, cancel_requested, attempt, handed_off, " +
 			t("deadline") + ", " + t("create_time") + ", " + t("update_time") + ", " + t("end_time"),
@@ -56,10 +55,17 @@ func columnsFor(b Backend) hotColumns {
 	cols.getCluster = "SELECT " + cols.cluster + " FROM clusters c WHERE c.id = ?"
 	// The cluster, then the columns of each of its machines (m, LEFT
 	// JOINed) but their cluster_id.
-	cols.getClusterMachines = "SELECT " + cols.cluster + ", m.id, m.role, m.power, m.joined, m.cordoned, m.kubernetes_version, " +
-		"m.attached_iso, m.offering, " + t("m.create_time") + ", " + t("m.update_time") +
+	cols.getClusterMachines = "SELECT " + cols.cluster + ", m.id, " + machineColumns(t, "m.") +
 		" FROM clusters c LEFT JOIN machines m ON m.cluster_id = c.id WHERE c.id = ? ORDER BY m.create_time, m.id"
 	return cols
+}
+
+// machineColumns are a machine's columns after its id and cluster, each
+// qualified by prefix, the time columns as t selects them.
+func machineColumns(t func(string) string, prefix string) string {
+	p := func(col string) string { return prefix + col }
+	return p("role") + ", " + p("power") + ", " + p("joined") + ", " + p("cordoned") + ", " + p("kubernetes_version") + ", " +
+		p("attached_iso") + ", " + p("offering") + ", " + t(p("create_time")) + ", " + t(p("update_time"))
 }
 
 // stamp scans a timestamp column into *t, in UTC, whichever way the driver

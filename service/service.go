@@ -175,8 +175,8 @@ func (s *Clusters) withNodes(ctx context.Context, cs ...repository.Cluster) ([]*
 
 // GetCluster returns one cluster.
 func (s *Clusters) GetCluster(ctx context.Context, req *clv1.GetClusterRequest) (*clv1.Cluster, error) {
-	in, ok := s.infra.(clusterWithMachines)
-	if !ok {
+	in, joined := s.infra.(clusterWithMachines)
+	if !joined {
 		c, err := s.visibleCluster(ctx, "name", req.GetName())
 		if err != nil {
 			return nil, err
@@ -187,19 +187,12 @@ func (s *Clusters) GetCluster(ctx context.Context, req *clv1.GetClusterRequest) 
 		}
 		return out[0], nil
 	}
-	who, err := caller(ctx)
+	var ms []infra.Machine
+	c, err := s.visibleClusterBy(ctx, "name", req.GetName(), func(ctx context.Context, id string) (c repository.Cluster, err error) {
+		c, ms, err = in.ClusterWithMachines(ctx, id)
+		return c, err
+	})
 	if err != nil {
-		return nil, err
-	}
-	id, err := parseName("name", req.GetName(), clusterPrefix)
-	if err != nil {
-		return nil, err
-	}
-	c, ms, err := in.ClusterWithMachines(ctx, id)
-	if err != nil {
-		return nil, notFound(err, req.GetName())
-	}
-	if err := visible(who, c.Account, req.GetName()); err != nil {
 		return nil, err
 	}
 	out := toCluster(c)
@@ -222,6 +215,14 @@ type clusterWithMachines interface {
 // visibleCluster reads the cluster a request names in field, answering
 // NOT_FOUND for a cluster of an account the caller may not see.
 func (s *Clusters) visibleCluster(ctx context.Context, field, name string) (repository.Cluster, error) {
+	return s.visibleClusterBy(ctx, field, name, s.store.GetCluster)
+}
+
+// visibleClusterBy is visibleCluster reading the cluster with read, which
+// answers a missing cluster with repository.ErrNotFound (GetCluster reads
+// it with its machines).
+func (s *Clusters) visibleClusterBy(ctx context.Context, field, name string,
+	read func(ctx context.Context, id string) (repository.Cluster, error)) (repository.Cluster, error) {
 	who, err := caller(ctx)
 	if err != nil {
 		return repository.Cluster{}, err
@@ -230,7 +231,7 @@ func (s *Clusters) visibleCluster(ctx context.Context, field, name string) (repo
 	if err != nil {
 		return repository.Cluster{}, err
 	}
-	c, err := s.store.GetCluster(ctx, id)
+	c, err := read(ctx, id)
 	if err != nil {
 		return repository.Cluster{}, notFound(err, name)
 	}
