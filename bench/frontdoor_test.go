@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -95,8 +96,30 @@ func clusterdBinary(b *testing.B) string {
 // accepts in their first step, 0s runs them at once. Each process has a
 // server id of its own: the jobs an earlier one parked stay with it (dead,
 // and never adopted with --peer-timeout 24h) rather than being recovered
-// by the next one while it is measured.
+// by the next one while it is measured. The ports are picked free and
+// bound by clusterd later: when another process (an outgoing connection's
+// ephemeral port, another test's listener) took one meanwhile, clusterd
+// exits and is started again on new ports.
 func startFrontDoor(b *testing.B, e *env, stepDelay string) *frontDoor {
+	const attempts = 5
+	for i := 1; ; i++ {
+		d, err := launchFrontDoor(b, e, stepDelay)
+		if err == nil {
+			return d
+		}
+		if !errors.Is(err, errBind) || i == attempts {
+			b.Fatal(err)
+		}
+		b.Logf("start clusterd, attempt %d of %d: %v; again on other ports", i, attempts, err)
+	}
+}
+
+// errBind: a port picked for clusterd was taken before it bound it.
+var errBind = errors.New("a picked port was taken before clusterd bound it")
+
+// launchFrontDoor starts one clusterd process and waits until it serves;
+// the process is killed when b ends, or at once if it does not serve.
+func launchFrontDoor(b *testing.B, e *env, stepDelay string) (*frontDoor, error) {
 	bin := clusterdBinary(b)
 	dir := b.TempDir()
 	token := randomHex(b, 32)
@@ -122,30 +145,49 @@ func startFrontDoor(b *testing.B, e *env, stepDelay string) *frontDoor {
 	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	must(b, d.cmd.Start())
-	b.Cleanup(func() {
-		_ = d.cmd.Process.Kill()
+	exited := make(chan struct{})
+	go func() {
 		_ = d.cmd.Wait()
+		close(exited)
+	}()
+	stop := func() {
+		_ = d.cmd.Process.Kill()
+		<-exited
 		_ = logFile.Close()
 		if d.conn != nil {
 			_ = d.conn.Close()
 		}
-	})
+	}
 	d.conn, err = grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	must(b, err)
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("dial clusterd: %w", err)
+	}
 	d.clusters = clv1.NewClusterLifecycleClient(d.conn)
 	d.ops = longrunningpb.NewOperationsClient(d.conn)
 	d.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}, Timeout: 30 * time.Second}
 	// Serving once a request for a cluster that does not exist answers.
 	var last error
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		select {
+		case <-exited:
+			stop()
+			log, _ := os.ReadFile(d.log)
+			if strings.Contains(string(log), "address already in use") {
+				return nil, fmt.Errorf("%w: %s", errBind, log)
+			}
+			return nil, fmt.Errorf("bin/clusterd exited before serving (%v); its log:\n%s", d.cmd.ProcessState, log)
+		default:
+		}
 		_, last = d.clusters.GetCluster(d.ctx(), &clv1.GetClusterRequest{Name: "clusters/01000000-0000-7000-8000-000000000000"})
 		if status.Code(last) == codes.NotFound {
-			return d
+			b.Cleanup(stop)
+			return d, nil
 		}
 	}
+	stop()
 	log, _ := os.ReadFile(d.log)
-	b.Fatalf("bin/clusterd did not serve within 2 min (last answer: %v); its log:\n%s", last, log)
-	return nil
+	return nil, fmt.Errorf("bin/clusterd did not serve within 2 min (last answer: %v); its log:\n%s", last, log)
 }
 
 // readsInProgress is how many operations the reads' front door runs while
