@@ -225,6 +225,21 @@ func (s *Store) readMachines(ctx context.Context, clusterIDs []string) ([]Machin
 // not meet cond is left alone and the error is ErrConflict (with what the
 // row holds now); a missing machine is ErrNotFound.
 func (s *Store) UpdateMachine(ctx context.Context, id string, cond MachineCondition, ch MachineChanges) (Machine, error) {
+	return s.updateMachine(ctx, id, cond, ch, true)
+}
+
+// ChangeMachine is UpdateMachine for a caller that does not need the machine
+// back, such as a driver's step: the same write, the same errors, and one
+// statement when the row meets cond, where UpdateMachine reads the row
+// again to return it.
+func (s *Store) ChangeMachine(ctx context.Context, id string, cond MachineCondition, ch MachineChanges) error {
+	_, err := s.updateMachine(ctx, id, cond, ch, false)
+	return err
+}
+
+// updateMachine is UpdateMachine; without readBack it reads the row only
+// when the write missed, to say why, and returns no machine.
+func (s *Store) updateMachine(ctx context.Context, id string, cond MachineCondition, ch MachineChanges, readBack bool) (Machine, error) {
 	// Written out: every step of the simulator changes a machine.
 	set := "update_time = ?"
 	args := []any{s.stamp()}
@@ -278,6 +293,9 @@ func (s *Store) UpdateMachine(ctx context.Context, id string, cond MachineCondit
 		n, err := execDirect(tx, "UPDATE machines SET "+set+" WHERE "+where, args...)
 		if err != nil {
 			return fmt.Errorf("update machine %s: %w", id, classify(err))
+		}
+		if n == 1 && !readBack {
+			return nil
 		}
 		m, err := s.getMachine(tx, id)
 		if err != nil {

@@ -2,6 +2,7 @@ package repository_test
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -79,12 +80,34 @@ func TestMachineCreateGetListDelete(t *testing.T) {
 	})
 }
 
+// UpdateMachine and ChangeMachine make the same writes and misses; only
+// UpdateMachine returns the machine (for ChangeMachine, update reads it
+// after a write that succeeded).
 func TestUpdateMachine(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		for _, w := range []struct {
+			name   string
+			update func(ctx context.Context, id string, cond repository.MachineCondition, ch repository.MachineChanges) (repository.Machine, error)
+		}{
+			{"UpdateMachine", s.UpdateMachine},
+			{"ChangeMachine", func(ctx context.Context, id string, cond repository.MachineCondition, ch repository.MachineChanges) (repository.Machine, error) {
+				if err := s.ChangeMachine(ctx, id, cond, ch); err != nil {
+					return repository.Machine{}, err
+				}
+				return s.GetMachine(ctx, id)
+			}},
+		} {
+			t.Run(w.name, func(t *testing.T) { testUpdateMachine(t, s, w.update) })
+		}
+	})
+}
+
+func testUpdateMachine(t *testing.T, s *repository.Store, update func(ctx context.Context, id string, cond repository.MachineCondition, ch repository.MachineChanges) (repository.Machine, error)) {
+	{
 		ctx := ctxT(t)
 		m := newMachine(t, s, "cluster-a", "WORKER")
 
-		got, err := s.UpdateMachine(ctx, m.ID, repository.MachineCondition{}, repository.MachineChanges{
+		got, err := update(ctx, m.ID, repository.MachineCondition{}, repository.MachineChanges{
 			Power: new("STOPPED"), Joined: new(true), AttachedISO: new("k8s.iso"),
 		})
 		if err != nil {
@@ -100,12 +123,12 @@ func TestUpdateMachine(t *testing.T) {
 		}
 
 		// Writing identical values is a hit (clientFoundRows on MySQL).
-		if _, err := s.UpdateMachine(ctx, m.ID, repository.MachineCondition{Power: "STOPPED"}, repository.MachineChanges{Power: new("STOPPED")}); err != nil {
+		if _, err := update(ctx, m.ID, repository.MachineCondition{Power: "STOPPED"}, repository.MachineChanges{Power: new("STOPPED")}); err != nil {
 			t.Errorf("identical write: %v", err)
 		}
 
 		// Clearing fields: pointers to zero values are written.
-		got, err = s.UpdateMachine(ctx, m.ID, repository.MachineCondition{}, repository.MachineChanges{Joined: new(false), AttachedISO: new("")})
+		got, err = update(ctx, m.ID, repository.MachineCondition{}, repository.MachineChanges{Joined: new(false), AttachedISO: new("")})
 		if err != nil || got.Joined || got.AttachedISO != "" {
 			t.Errorf("clearing joined and ISO = %+v, %v", got, err)
 		}
@@ -121,7 +144,7 @@ func TestUpdateMachine(t *testing.T) {
 		}
 		for _, tt := range misses {
 			before, _ := s.GetMachine(ctx, m.ID)
-			_, err := s.UpdateMachine(ctx, m.ID, tt.cond, repository.MachineChanges{Offering: new("large")})
+			_, err := update(ctx, m.ID, tt.cond, repository.MachineChanges{Offering: new("large")})
 			if !errors.Is(err, repository.ErrConflict) {
 				t.Errorf("%s: err = %v; want ErrConflict", tt.name, err)
 			}
@@ -129,16 +152,16 @@ func TestUpdateMachine(t *testing.T) {
 				t.Errorf("%s: a missed update wrote %+v (was %+v)", tt.name, after, before)
 			}
 		}
-		if _, err := s.UpdateMachine(ctx, m.ID, repository.MachineCondition{ClusterIDs: []string{"", "cluster-a"}}, repository.MachineChanges{Offering: new("large")}); err != nil {
+		if _, err := update(ctx, m.ID, repository.MachineCondition{ClusterIDs: []string{"", "cluster-a"}}, repository.MachineChanges{Offering: new("large")}); err != nil {
 			t.Errorf("condition naming the machine's cluster among others: %v", err)
 		}
-		if _, err := s.UpdateMachine(ctx, "missing", repository.MachineCondition{}, repository.MachineChanges{Offering: new("large")}); !errors.Is(err, repository.ErrNotFound) {
+		if _, err := update(ctx, "missing", repository.MachineCondition{}, repository.MachineChanges{Offering: new("large")}); !errors.Is(err, repository.ErrNotFound) {
 			t.Errorf("update of a missing machine: err = %v; want ErrNotFound", err)
 		}
-		if _, err := s.UpdateMachine(ctx, "missing", repository.MachineCondition{ClusterIDs: []string{""}}, repository.MachineChanges{}); !errors.Is(err, repository.ErrNotFound) {
+		if _, err := update(ctx, "missing", repository.MachineCondition{ClusterIDs: []string{""}}, repository.MachineChanges{}); !errors.Is(err, repository.ErrNotFound) {
 			t.Errorf("conditional update of a missing machine: err = %v; want ErrNotFound", err)
 		}
-	})
+	}
 }
 
 func TestAdoptingAFreeMachineHasOneWinner(t *testing.T) {

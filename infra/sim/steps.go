@@ -168,7 +168,7 @@ func (s *Simulator) change(ctx context.Context, step string, c infra.Call, cond 
 	}
 	cond.ClusterIDs = []string{c.ClusterID, ""}
 	return s.fenced(ctx, step, c, func(tx *repository.Store) error {
-		_, err := tx.UpdateMachine(ctx, c.MachineID, cond, ch)
+		err := tx.ChangeMachine(ctx, c.MachineID, cond, ch)
 		if errors.Is(err, repository.ErrConflict) {
 			err = explain(ctx, tx, c, cond)
 		}
@@ -331,7 +331,7 @@ func (s *Simulator) ValidateNode(ctx context.Context, c infra.Call) error {
 		if err := usable(m); err != nil {
 			return err
 		}
-		_, err = tx.UpdateMachine(ctx, m.ID,
+		err = tx.ChangeMachine(ctx, m.ID,
 			repository.MachineCondition{ClusterIDs: []string{""}, Role: string(infra.RoleExternal), Power: string(infra.PowerRunning)},
 			repository.MachineChanges{ClusterID: &c.ClusterID, Role: new(string(infra.RoleWorker))})
 		if errors.Is(err, repository.ErrConflict) || errors.Is(err, repository.ErrNotFound) {
@@ -374,7 +374,7 @@ func (s *Simulator) DestroyMachine(ctx context.Context, c infra.Call) error {
 	}
 	return s.fenced(ctx, step, c, func(tx *repository.Store) error {
 		cond := repository.MachineCondition{ClusterIDs: []string{c.ClusterID, ""}}
-		_, err := tx.UpdateMachine(ctx, c.MachineID, cond, repository.MachineChanges{ClusterID: &c.ClusterID})
+		err := tx.ChangeMachine(ctx, c.MachineID, cond, repository.MachineChanges{ClusterID: &c.ClusterID})
 		if errors.Is(err, repository.ErrConflict) {
 			err = explain(ctx, tx, c, cond)
 		}
