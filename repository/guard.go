@@ -86,47 +86,75 @@ func (h held) clusterHeld(f Fence) bool {
 // either way, so a caller can tell "the cluster is no longer held" from
 // "the job ended or was adopted" and keep its own typed errors.
 //
-// The two reads are written out and read only what the check needs: every
+// The reads are written out and read only what the check needs: every
 // step of every job passes the guard (a driver's fenced change, the job's
-// end). With whole set, the cluster's row is read whole (held.cluster).
+// end), so both rows are read in one statement, an outer join from the
+// cluster's row to the job's, which MariaDB reads, and locks, in that
+// order. With whole set, the cluster's row is read whole (held.cluster),
+// then the job's.
 func (s *Store) guard(tx *gorm.DB, f Fence, whole bool) (held, error) {
 	var h held
 	lock := ""
 	if s.backend == MySQL {
 		lock = " FOR UPDATE"
 	}
-	var err error
-	if whole {
+	if !whole {
+		// One statement: the outer join reads (and locks) the cluster's row
+		// first and the job's with it; a cluster that does not exist reads
+		// no row, and the job is read alone below.
+		var (
+			status, server sql.NullString
+			attempt        sql.NullInt32
+		)
+		err := rowDirect(tx, "SELECT c.current_operation, j.status, j.attempt, j.server_id FROM clusters c"+
+			" LEFT JOIN jobs j ON j.id = ? WHERE c.id = ?"+lock, f.JobID, f.ClusterID).Scan(&h.clusterOp, &status, &attempt, &server)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			if err := s.lockJob(tx, f, lock, &h); err != nil {
+				return h, err
+			}
+		case err != nil:
+			return h, fmt.Errorf("lock cluster %s and job %s: %w", f.ClusterID, f.JobID, classify(err))
+		default:
+			h.clusterFound = true
+			h.jobFound = status.Valid
+			h.jobStatus, h.jobAttempt, h.jobServer = status.String, attempt.Int32, server.String
+		}
+	} else {
 		db := tx.Where("id = ?", f.ClusterID)
 		if lock != "" {
 			db = db.Clauses(clause.Locking{Strength: "UPDATE"})
 		}
-		if err = db.Take(&h.cluster).Error; errors.Is(err, gorm.ErrRecordNotFound) {
-			err = sql.ErrNoRows
+		err := db.Take(&h.cluster).Error
+		switch {
+		case errors.Is(err, gorm.ErrRecordNotFound):
+		case err != nil:
+			return h, fmt.Errorf("lock cluster %s: %w", f.ClusterID, classify(err))
+		default:
+			h.clusterFound = true
+			h.clusterOp = h.cluster.CurrentOperation
 		}
-		h.clusterOp = h.cluster.CurrentOperation
-	} else {
-		err = rowDirect(tx, "SELECT current_operation FROM clusters WHERE id = ?"+lock, f.ClusterID).Scan(&h.clusterOp)
-	}
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-	case err != nil:
-		return h, fmt.Errorf("lock cluster %s: %w", f.ClusterID, classify(err))
-	default:
-		h.clusterFound = true
-	}
-	err = rowDirect(tx, "SELECT status, attempt, server_id FROM jobs WHERE id = ?"+lock, f.JobID).Scan(&h.jobStatus, &h.jobAttempt, &h.jobServer)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-	case err != nil:
-		return h, fmt.Errorf("lock job %s: %w", f.JobID, classify(err))
-	default:
-		h.jobFound = true
+		if err := s.lockJob(tx, f, lock, &h); err != nil {
+			return h, err
+		}
 	}
 	if reason := h.refusal(f); reason != "" {
 		return h, &FencedError{Fence: f, Reason: reason}
 	}
 	return h, nil
+}
+
+// lockJob reads (and locks) the guard's job row alone, into h.
+func (s *Store) lockJob(tx *gorm.DB, f Fence, lock string, h *held) error {
+	err := rowDirect(tx, "SELECT status, attempt, server_id FROM jobs WHERE id = ?"+lock, f.JobID).Scan(&h.jobStatus, &h.jobAttempt, &h.jobServer)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return fmt.Errorf("lock job %s: %w", f.JobID, classify(err))
+	default:
+		h.jobFound = true
+	}
+	return nil
 }
 
 // refusal says why the rows found do not let f's job change f's cluster, or

@@ -1,7 +1,6 @@
 package repository_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -167,60 +166,78 @@ func TestGuardedRollsBackAFailedChange(t *testing.T) {
 
 // The guard locks the cluster's row, then the job's: the order every writer
 // that takes a cluster from a job keeps, so none of them waits for the
-// other's second lock.
+// other's second lock. Held on MariaDB's row locks (SQLite's writer holds
+// the whole database): with the job's row locked by another connection,
+// each call that passes the guard waits for it while holding the
+// cluster's row (a third connection cannot lock it, NOWAIT), and goes on
+// once the job's row is free.
 func TestGuardLocksClusterThenJob(t *testing.T) {
-	for _, b := range repotest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			var (
-				mu    sync.Mutex
-				reads []string
-			)
-			type key struct{}
-			hook := func(ctx context.Context, c repository.Command) {
-				if ctx.Value(key{}) == nil || c.Kind != repository.CommandQuery {
-					return
+	mysqlOnly(t, func(t *testing.T, dsn string) {
+		ctx := ctxT(t)
+		s, err := repository.Open(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		repotest.SeedCatalog(t, s)
+		t.Cleanup(func() { _ = s.Close() })
+		raw := rawSQL(t, dsn)
+		calls := []struct {
+			name string
+			call func(c repository.Cluster, j repository.Job) error
+		}{
+			{"CheckHolder", func(c repository.Cluster, j repository.Job) error {
+				return s.CheckHolder(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Attempt: j.Attempt})
+			}},
+			{"Guarded", func(c repository.Cluster, j repository.Job) error {
+				return s.Guarded(ctx, repository.Fence{ClusterID: c.ID, JobID: j.ID, Attempt: j.Attempt}, func(*repository.Store) error { return nil })
+			}},
+			{"FinishJob", func(c repository.Cluster, j repository.Job) error {
+				_, err := s.FinishJob(ctx, repository.Finish{JobID: j.ID, Status: repository.JobFailed, Attempt: j.Attempt,
+					Release: &repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.CreateFailed}})
+				return err
+			}},
+		}
+		for _, tc := range calls {
+			c, j := create(t, s, "order-"+tc.name)
+			holder, err := raw.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := holder.ExecContext(ctx, "SELECT id FROM jobs WHERE id = ? FOR UPDATE", j.ID); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- tc.call(c, j) }()
+			held := false
+			for deadline := time.Now().Add(30 * time.Second); !held && time.Now().Before(deadline); {
+				select {
+				case err := <-done:
+					_ = holder.Rollback()
+					t.Fatalf("%s ended (%v) while another connection held the job's row", tc.name, err)
+				default:
 				}
-				mu.Lock()
-				defer mu.Unlock()
-				switch q := strings.ToLower(c.SQL); {
-				case strings.Contains(q, "from `clusters`") || strings.Contains(q, "from clusters") || strings.Contains(q, `from "clusters"`):
-					reads = append(reads, "cluster")
-				case strings.Contains(q, "from `jobs`") || strings.Contains(q, "from jobs") || strings.Contains(q, `from "jobs"`):
-					reads = append(reads, "job")
+				probe, err := raw.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = probe.ExecContext(ctx, "SELECT id FROM clusters WHERE id = ? FOR UPDATE NOWAIT", c.ID)
+				_ = probe.Rollback()
+				held = err != nil
+				if !held {
+					time.Sleep(10 * time.Millisecond)
 				}
 			}
-			s := repotest.Open(t, b, repository.WithCommandHook(hook))
-			c, j := create(t, s, "order")
-			ctx := context.WithValue(ctxT(t), key{}, true)
-			f := repository.Fence{ClusterID: c.ID, JobID: j.ID, Attempt: j.Attempt}
-			calls := []struct {
-				name string
-				call func() error
-			}{
-				{"CheckHolder", func() error { return s.CheckHolder(ctx, f) }},
-				{"Guarded", func() error { return s.Guarded(ctx, f, func(*repository.Store) error { return nil }) }},
-				{"FinishJob", func() error { // last: it ends the job
-					_, err := s.FinishJob(ctx, repository.Finish{JobID: j.ID, Status: repository.JobFailed, Attempt: j.Attempt,
-						Release: &repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.CreateFailed}})
-					return err
-				}},
+			if err := holder.Rollback(); err != nil {
+				t.Fatal(err)
 			}
-			for _, tc := range calls {
-				mu.Lock()
-				reads = nil
-				mu.Unlock()
-				if err := tc.call(); err != nil {
-					t.Fatalf("%s: %v", tc.name, err)
-				}
-				mu.Lock()
-				got := fmt.Sprint(reads)
-				mu.Unlock()
-				if !strings.HasPrefix(got, "[cluster job") {
-					t.Errorf("%s read %s; want the cluster's row locked first, then the job's", tc.name, got)
-				}
+			if err := <-done; err != nil {
+				t.Fatalf("%s, once the job's row was free: %v", tc.name, err)
 			}
-		})
-	}
+			if !held {
+				t.Errorf("%s never held the cluster's row while it waited for the job's; want the cluster's row locked first", tc.name)
+			}
+		}
+	})
 }
 
 // A job's end and a fenced change of the same job race, round after round,

@@ -3,6 +3,7 @@ package repository_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -171,6 +172,13 @@ func TestScanQueryPlans(t *testing.T) {
 				}},
 				{"list clusters", nil, func() error {
 					_, err := s.ListClusters(ctx, repository.ClusterQuery{After: "00000000-0000-7000-8000-000000001234", Limit: 101})
+					return err
+				}},
+				{"the guard's locking read", nil, func() error {
+					err := s.CheckHolder(ctx, repository.Fence{ClusterID: "00000000-0000-7000-8000-000000001234", JobID: "00000000-0000-7000-9000-000000000001"})
+					if errors.Is(err, repository.ErrFenced) {
+						return nil
+					}
 					return err
 				}},
 				{"machines of a page", nil, func() error {
