@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -350,5 +351,50 @@ func TestAWriteWhoseContextEndsDuringItsTurnFinishesIt(t *testing.T) {
 				t.Errorf("rows %v; want the cancelled write's, 100", got)
 			}
 		})
+	}
+}
+
+// A leader that finds itself alone in the queue yields once before it takes
+// the queue, so that a write about to queue joins its batch. On one P, a
+// goroutine started just before the leader runs during the yield and
+// queues its write, and the two commit as one batch; without the yield
+// they are two batches of one. The scheduler may now and then run the
+// leader again first (it looks at the global run queue first every 61st
+// time), so most rounds, not every one, must batch both.
+func TestALoneLeaderYieldsToAWriteAboutToQueue(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const rounds = 20
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	b := &batcher{run: func(batch []*batchMember) {
+		mu.Lock()
+		sizes = append(sizes, len(batch))
+		mu.Unlock()
+	}}
+	ctx := context.Background()
+	noop := func(*gorm.DB) error { return nil }
+	together := 0
+	for range rounds {
+		mu.Lock()
+		sizes = nil
+		mu.Unlock()
+		other := make(chan error, 1)
+		go func() { other <- b.do(ctx, noop) }()
+		if err := b.do(ctx, noop); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-other; err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		if slices.Equal(sizes, []int{2}) {
+			together++
+		}
+		mu.Unlock()
+	}
+	if together < rounds*3/4 {
+		t.Errorf("the two writes were one batch in %d of %d rounds; want most: a lone leader yields before it takes the queue", together, rounds)
 	}
 }
