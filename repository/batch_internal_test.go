@@ -362,7 +362,8 @@ func TestAWriteWhoseContextEndsDuringItsTurnFinishesIt(t *testing.T) {
 // leader again first (it looks at the global run queue first every 61st
 // time), so most rounds, not every one, must batch both.
 func TestALoneLeaderYieldsToAWriteAboutToQueue(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	runtime.GOMAXPROCS(1)
+	defer runtime.SetDefaultGOMAXPROCS()
 	const rounds = 20
 	var (
 		mu    sync.Mutex

@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/clusterd/clusterd/lifecycle"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
@@ -212,8 +214,10 @@ func TestGuardLocksClusterThenJob(t *testing.T) {
 			for deadline := time.Now().Add(30 * time.Second); !held && time.Now().Before(deadline); {
 				select {
 				case err := <-done:
+					// It gave up waiting (the Store's lock wait and its
+					// retries) without ever holding the cluster's row.
 					_ = holder.Rollback()
-					t.Fatalf("%s ended (%v) while another connection held the job's row", tc.name, err)
+					t.Fatalf("%s ended (%v) while another connection held the job's row, and never held the cluster's meanwhile; want the cluster's row locked first", tc.name, err)
 				default:
 				}
 				probe, err := raw.BeginTx(ctx, nil)
@@ -222,7 +226,14 @@ func TestGuardLocksClusterThenJob(t *testing.T) {
 				}
 				_, err = probe.ExecContext(ctx, "SELECT id FROM clusters WHERE id = ? FOR UPDATE NOWAIT", c.ID)
 				_ = probe.Rollback()
-				held = err != nil
+				var lockErr *mysql.MySQLError
+				switch {
+				case err == nil:
+				case errors.As(err, &lockErr) && (lockErr.Number == 1205 || lockErr.Number == 3572): // NOWAIT refused: MariaDB, MySQL
+					held = true
+				default:
+					t.Fatalf("probe the cluster's row: %v", err)
+				}
 				if !held {
 					time.Sleep(10 * time.Millisecond)
 				}
