@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/clusterd/clusterd/internal/syncbuf"
+	"github.com/clusterd/clusterd/lease"
 	"github.com/clusterd/clusterd/repository"
 )
 
@@ -78,7 +79,7 @@ func TestStartRetriesWorkTheDatabaseCutShort(t *testing.T) {
 	logs := &lockedBuffer{}
 	cfg := Config{Database: dsn, ServerID: "s", DatabaseWait: time.Minute, Logger: slog.New(slog.NewTextHandler(logs, nil))}
 	calls := 0
-	store, err := openDatabase(t.Context(), cfg, func(ctx context.Context, s *repository.Store) error {
+	store, err := openDatabase(t.Context(), cfg, newStartupWait(cfg), func(ctx context.Context, s *repository.Store) error {
 		calls++
 		if calls == 1 {
 			return fmt.Errorf("simulator schema: %w: invalid connection", repository.ErrUnavailable)
@@ -95,7 +96,54 @@ func TestStartRetriesWorkTheDatabaseCutShort(t *testing.T) {
 
 	calls = 0
 	boom := errors.New("catalog: a version is malformed")
-	if _, err := openDatabase(t.Context(), cfg, func(context.Context, *repository.Store) error { calls++; return boom }); !errors.Is(err, boom) || calls != 1 {
+	if _, err := openDatabase(t.Context(), cfg, newStartupWait(cfg), func(context.Context, *repository.Store) error { calls++; return boom }); !errors.Is(err, boom) || calls != 1 {
 		t.Errorf("openDatabase with a failing prepare: %v after %d attempts; want %v at once", err, calls, boom)
+	}
+}
+
+// flakyAcquirer refuses its first failures calls with err, then registers.
+type flakyAcquirer struct {
+	failures, calls int
+	err             error
+}
+
+func (a *flakyAcquirer) Acquire(context.Context) (repository.Server, error) {
+	a.calls++
+	if a.calls <= a.failures {
+		return repository.Server{}, a.err
+	}
+	return repository.Server{ID: "s", Incarnation: "7"}, nil
+}
+
+// A database that answers but cannot take the lease's write yet (a Galera
+// node back from a restart before it rejoins a primary component refuses
+// writes with 1180 for a few seconds) is waited for like one that does not
+// answer, within the same DatabaseWait; a live holder of the server id is
+// not: New fails at once.
+func TestStartWaitsToTakeTheLease(t *testing.T) {
+	logs := &lockedBuffer{}
+	cfg := Config{DatabaseWait: time.Minute, Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	notPrimary := fmt.Errorf("take over server s: %w: Error 1180: Not connected to Primary Component", repository.ErrUnavailable)
+	a := &flakyAcquirer{failures: 2, err: notPrimary}
+	self, err := acquireLease(t.Context(), a, newStartupWait(cfg))
+	if err != nil || self.Incarnation != "7" || a.calls != 3 {
+		t.Fatalf("acquireLease through 2 refused writes: %+v, %v after %d calls; want incarnation 7 on the third", self, err, a.calls)
+	}
+	if n := strings.Count(logs.String(), "database not reachable yet; waiting"); n != 2 {
+		t.Errorf("%d retries logged; want one line per refused attempt:\n%s", n, logs)
+	}
+
+	inUse := &lease.InUseError{ServerID: "s", Incarnation: "3", Host: "h", PID: 42}
+	a = &flakyAcquirer{failures: 100, err: inUse}
+	if _, err := acquireLease(t.Context(), a, newStartupWait(cfg)); !errors.As(err, new(*lease.InUseError)) || a.calls != 1 {
+		t.Errorf("acquireLease under a live holder: %v after %d calls; want its InUseError at once", err, a.calls)
+	}
+
+	// Past DatabaseWait it gives up, saying so and with the last error.
+	cfg.DatabaseWait = 1200 * time.Millisecond
+	a = &flakyAcquirer{failures: 1000, err: notPrimary}
+	_, err = acquireLease(t.Context(), a, newStartupWait(cfg))
+	if !errors.Is(err, repository.ErrUnavailable) || !strings.Contains(err.Error(), "acquire the server lease: database not reachable after") || a.calls < 2 {
+		t.Errorf("acquireLease on a database that never takes the write: %v after %d calls; want it to give up after DatabaseWait, saying so", err, a.calls)
 	}
 }

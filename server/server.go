@@ -219,7 +219,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		catalog = *cfg.Catalog
 	}
 	versions, offerings := catalog.Seed()
-	s.store, err = openDatabase(ctx, cfg, func(ctx context.Context, store *repository.Store) error {
+	wait := newStartupWait(cfg)
+	s.store, err = openDatabase(ctx, cfg, wait, func(ctx context.Context, store *repository.Store) error {
 		// The simulator's own tables, beside clusterd's (sim.Migrate).
 		if err := sim.Migrate(ctx, store); err != nil {
 			return err
@@ -259,7 +260,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Store: s.store, ServerID: cfg.ServerID, HeartbeatInterval: cfg.HeartbeatInterval,
 		PeerTimeout: cfg.PeerTimeout, Logger: s.log,
 	})
-	if s.self, err = s.lease.Acquire(ctx); err != nil {
+	if s.self, err = acquireLease(ctx, s.lease, wait); err != nil {
 		_ = s.grpcLis.Close()
 		_ = s.httpLis.Close()
 		cleanup()
