@@ -125,6 +125,29 @@ func TestAcquireTakesOverACrashedProcessOnThisHostAtOnce(t *testing.T) {
 	})
 }
 
+// A registration of this process whose answer was lost (the commit reached
+// the database, the reply did not: start-up then tries again) is this host
+// and pid, a heartbeat that does not advance: the next Acquire takes it
+// over once the probe window has passed, and does not refuse it as a live
+// holder.
+func TestAcquireTakesOverItsOwnRegistrationWhoseAnswerWasLost(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		host, _ := os.Hostname()
+		lost, err := s.TakeOverServer(ctxT(t), "srv", nil, host, os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := newLease(s, func(c *lease.Config) { c.Host, c.PID = host, os.Getpid() })
+		self, err := l.Acquire(ctxT(t))
+		if err != nil {
+			t.Fatalf("Acquire over this process's own registration: %v; want it taken over", err)
+		}
+		if self.Incarnation == lost.Incarnation {
+			t.Error("Acquire kept the incarnation whose answer was lost")
+		}
+	})
+}
+
 // deadPID returns the pid of a process that has exited.
 func deadPID(t *testing.T) int {
 	t.Helper()

@@ -103,7 +103,9 @@ type acquirer interface {
 // database answers but cannot take the registration's write: a Galera node
 // that is back before it rejoins a primary component reads, and refuses
 // writes, for some seconds. A live holder of the id, or any other error,
-// fails at once.
+// fails at once. A registration that committed but whose answer was lost
+// is found by the next attempt as a process of this host and pid that does
+// not beat, and taken over once the lease's probe window has passed.
 func acquireLease(ctx context.Context, l acquirer, w *startupWait) (repository.Server, error) {
 	const what = "acquire the server lease"
 	for attempt := 1; ; attempt++ {
