@@ -142,9 +142,11 @@ func New(cfg Config) *Lease {
 // ErrLost wraps every reason Check gives: this server may not act.
 var ErrLost = errors.New("server lease not held")
 
-// probeWindow is how long Acquire watches a predecessor's heartbeat: two
-// heartbeat intervals and a margin, so a live one beats at least once.
-func (l *Lease) probeWindow() time.Duration {
+// ProbeWindow is how long Acquire watches a predecessor's heartbeat: two
+// heartbeat intervals and a margin, so a live one beats at least once. A
+// caller that bounds Acquire's time gives it this much beyond its reads and
+// writes.
+func (l *Lease) ProbeWindow() time.Duration {
 	return 2*l.cfg.HeartbeatInterval + 500*time.Millisecond
 }
 
@@ -200,7 +202,7 @@ func (l *Lease) dead(ctx context.Context, seen repository.Server) (string, error
 	case seen.Host == l.cfg.Host && seen.PID > 0 && int(seen.PID) != l.cfg.PID && !processAlive(int(seen.PID)):
 		return fmt.Sprintf("its process %d on this host is gone", seen.PID), nil
 	}
-	window := l.probeWindow()
+	window := l.ProbeWindow()
 	l.log.Info("server id registered by a process that may be alive; watching its heartbeat", "server_id", seen.ID,
 		"incarnation", seen.Incarnation, "host", seen.Host, "pid", seen.PID, "heartbeat_age", age.Round(time.Millisecond), "watch", window)
 	deadline := time.NewTimer(window)

@@ -101,19 +101,30 @@ func TestStartRetriesWorkTheDatabaseCutShort(t *testing.T) {
 	}
 }
 
-// flakyAcquirer refuses its first failures calls with err, then registers.
+// flakyAcquirer refuses its first failures calls with err (or, with
+// hangs, waits for its context to end on them), then registers.
 type flakyAcquirer struct {
 	failures, calls int
 	err             error
+	hangs           bool
+	probe, hung     time.Duration
 }
 
-func (a *flakyAcquirer) Acquire(context.Context) (repository.Server, error) {
+func (a *flakyAcquirer) Acquire(ctx context.Context) (repository.Server, error) {
 	a.calls++
 	if a.calls <= a.failures {
+		if a.hangs {
+			began := time.Now()
+			<-ctx.Done()
+			a.hung += time.Since(began)
+			return repository.Server{}, fmt.Errorf("take over server s: %w", ctx.Err())
+		}
 		return repository.Server{}, a.err
 	}
 	return repository.Server{ID: "s", Incarnation: "7"}, nil
 }
+
+func (a *flakyAcquirer) ProbeWindow() time.Duration { return a.probe }
 
 // A database that answers but cannot take the lease's write yet (a Galera
 // node back from a restart before it rejoins a primary component refuses
@@ -129,8 +140,8 @@ func TestStartWaitsToTakeTheLease(t *testing.T) {
 	if err != nil || self.Incarnation != "7" || a.calls != 3 {
 		t.Fatalf("acquireLease through 2 refused writes: %+v, %v after %d calls; want incarnation 7 on the third", self, err, a.calls)
 	}
-	if n := strings.Count(logs.String(), "database not reachable yet; waiting"); n != 2 {
-		t.Errorf("%d retries logged; want one line per refused attempt:\n%s", n, logs)
+	if n := strings.Count(logs.String(), "database not taking writes yet; waiting"); n != 2 || !strings.Contains(logs.String(), "database taking writes") {
+		t.Errorf("%d retries logged; want one line per refused attempt, then the success:\n%s", n, logs)
 	}
 
 	inUse := &lease.InUseError{ServerID: "s", Incarnation: "3", Host: "h", PID: 42}
@@ -139,11 +150,36 @@ func TestStartWaitsToTakeTheLease(t *testing.T) {
 		t.Errorf("acquireLease under a live holder: %v after %d calls; want its InUseError at once", err, a.calls)
 	}
 
-	// Past DatabaseWait it gives up, saying so and with the last error.
-	cfg.DatabaseWait = 1200 * time.Millisecond
+	// Past DatabaseWait it gives up, saying so and with the last error:
+	// attempts at 0, 0.5s, 1.5s and 3s (the backoff doubles, the last
+	// pause is cut to the deadline).
+	cfg.DatabaseWait = 3 * time.Second
 	a = &flakyAcquirer{failures: 1000, err: notPrimary}
 	_, err = acquireLease(t.Context(), a, newStartupWait(cfg))
-	if !errors.Is(err, repository.ErrUnavailable) || !strings.Contains(err.Error(), "acquire the server lease: database not reachable after") || a.calls < 2 {
-		t.Errorf("acquireLease on a database that never takes the write: %v after %d calls; want it to give up after DatabaseWait, saying so", err, a.calls)
+	if !errors.Is(err, repository.ErrUnavailable) || !strings.Contains(err.Error(), "acquire the server lease: database not taking writes after") || a.calls != 4 {
+		t.Errorf("acquireLease on a database that never takes the write: %v after %d calls; want it to give up after DatabaseWait's 4 attempts, saying so", err, a.calls)
+	}
+}
+
+// An attempt at the lease that hangs (a write that never answers) is cut
+// short after the attempt's bound and its probe window, and made again:
+// it neither holds start-up past DatabaseWait nor fails it at once.
+func TestStartCutsShortALeaseAttemptThatHangs(t *testing.T) {
+	logs := &lockedBuffer{}
+	cfg := Config{DatabaseWait: time.Minute, Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	w := newStartupWait(cfg)
+	w.attemptTimeout = 200 * time.Millisecond
+	a := &flakyAcquirer{failures: 1, hangs: true, probe: 300 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	self, err := acquireLease(ctx, a, w)
+	if err != nil || self.Incarnation != "7" || a.calls != 2 {
+		t.Fatalf("acquireLease after a hanging attempt: %+v, %v after %d calls; want incarnation 7 on the second", self, err, a.calls)
+	}
+	if a.hung < 500*time.Millisecond {
+		t.Errorf("the hanging attempt was cut after %s; want the attempt's bound and its probe window, 500ms", a.hung)
+	}
+	if !strings.Contains(logs.String(), "deadline exceeded") {
+		t.Errorf("the cut attempt was not logged with its error:\n%s", logs)
 	}
 }

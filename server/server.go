@@ -51,7 +51,8 @@ type Config struct {
 	// the same id is refused at start (see package lease).
 	ServerID string
 	// DatabaseWait is how long start-up waits for the database to answer
-	// (default 60s), logging each attempt.
+	// and to take the write that registers this server (default 60s),
+	// logging each attempt.
 	DatabaseWait time.Duration
 	// Infra names the infrastructure driver: "sim" (the default) or
 	// "libvirt" (see Libvirt).

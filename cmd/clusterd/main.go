@@ -78,7 +78,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (server.
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:9090", "gRPC listen address")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8080", "REST gateway listen address (also /healthz and /openapi.json)")
 	fs.StringVar(&cfg.ServerID, "server-id", "", "this server's id among its peers; unique per live process (default: host name and gRPC port, e.g. "+host+":9090)")
-	fs.DurationVar(&cfg.DatabaseWait, "database-wait", 60*time.Second, "how long start-up waits for the database to answer")
+	fs.DurationVar(&cfg.DatabaseWait, "database-wait", 60*time.Second, "how long start-up waits for the database to answer and to take the write that registers this server")
 	fs.StringVar(&cfg.Infra, "infra", "sim", "infrastructure driver: sim, or libvirt (real VMs; see --libvirt-*)")
 	fs.StringVar(&cfg.Libvirt.URI, "libvirt-uri", "qemu:///system", "libvirt connection of --infra libvirt (test+unix:///default: libvirt's test driver)")
 	fs.StringVar(&cfg.Libvirt.PoolDir, "libvirt-pool-dir", "/var/lib/clusterd/libvirt", "folder of the libvirt storage pool: machines' state volumes, agent sockets, cached ISOs")
