@@ -106,7 +106,7 @@ start_position() {
 	node_args "$n"
 	/usr/sbin/mariadbd "${args[@]}" --skip-networking --socket="$d/recover.sock" --pid-file="$d/recover.pid" \
 		--log-error="$d/recover.log" --wsrep-recover </dev/null >/dev/null 2>&1 || true
-	pos="$(grep -a 'WSREP: Recovered position:' "$d/recover.log" 2>/dev/null | tail -1 | sed 's/.*Recovered position: *//')"
+	pos="$(grep -a 'WSREP: Recovered position:' "$d/recover.log" 2>/dev/null | tail -1 | sed 's/.*Recovered position: *//' || true)"
 	if [ -n "$pos" ]; then
 		echo "--wsrep-start-position=$pos"
 	else
@@ -172,7 +172,11 @@ stop_node() {
 	kill -KILL "$pid" 2>/dev/null || true
 }
 
-running() { [ -f "$(data "$1")/mysqld.pid" ] && kill -0 "$(cat "$(data "$1")/mysqld.pid")" 2>/dev/null; }
+running() {
+	local pid
+	pid="$(cat "$(data "$1")/mysqld.pid" 2>/dev/null || true)"
+	[ -n "$pid" ] && alive "$pid"
+}
 
 create() {
 	log "creating three nodes under $dir"
