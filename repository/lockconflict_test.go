@@ -2,6 +2,7 @@ package repository_test
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -123,8 +124,30 @@ func TestLockWaitTimeoutIsRetriedNotAConflict(t *testing.T) {
 		if got.State != lifecycle.Stopping || got.Version != c.Version+1 {
 			t.Errorf("cluster after the retried write: %v; want STOPPING at v%d", got.Expect(), c.Version+1)
 		}
-		if errs := r.seen(); len(errs) == 0 || !strings.Contains(errs[0].Error(), "1205") {
+		errs := r.seen()
+		if len(errs) == 0 || !strings.Contains(errs[0].Error(), "1205") {
 			t.Errorf("retries seen: %v; want a lock wait timeout (1205) first", errs)
+		}
+		if got := s.LockConflicts(); got != (repository.LockConflicts{LockWaitTimeouts: uint64(len(errs))}) {
+			t.Errorf("LockConflicts after %d lock waits, the write retried and written: %+v", len(errs), got)
+		}
+
+		// A lock held past every attempt: the write is given up,
+		// unavailable, and counted so.
+		other, err = raw.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = other.Rollback() }()
+		if _, err := other.ExecContext(ctx, "SELECT id FROM clusters WHERE id = ? FOR UPDATE", c.ID); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: got.Expect(), Event: lifecycle.OperationSucceeded})
+		if !errors.Is(err, repository.ErrUnavailable) {
+			t.Fatalf("write under a lock held past every attempt: %v; want ErrUnavailable", err)
+		}
+		if got := s.LockConflicts(); got.GaveUp != 1 || got.LockWaitTimeouts != uint64(len(r.seen())) || got.Deadlocks != 0 {
+			t.Errorf("LockConflicts after a write given up: %+v; want 1 given up, %d lock waits", got, len(r.seen()))
 		}
 	})
 }
@@ -221,6 +244,9 @@ func TestDeadlockVictimIsRetriedNotAConflict(t *testing.T) {
 		}
 		if errs := r.seen(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "1213") {
 			t.Errorf("retries seen: %v; want one deadlock (1213)", errs)
+		}
+		if got := s.LockConflicts(); got != (repository.LockConflicts{Deadlocks: 1}) {
+			t.Errorf("LockConflicts after one deadlock, retried: %+v", got)
 		}
 	})
 }

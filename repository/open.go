@@ -142,6 +142,9 @@ type Store struct {
 	inTx bool
 	// onRetry, optional, sees every lock conflict (WithRetryHook).
 	onRetry func(attempt int, err error)
+	// conflicts counts the lock conflicts retrying met (LockConflicts);
+	// shared with the Stores bound to a transaction.
+	conflicts *conflictCounts
 	// idleTx is MariaDB's idle_transaction_timeout (0: the server's).
 	idleTx time.Duration
 	// hook, optional, sees every command sent (WithCommandHook).
@@ -193,7 +196,7 @@ var ErrInvalidDSN = errors.New("invalid database DSN")
 // MySQL sessions always get clientFoundRows=true (so an UPDATE that writes
 // identical values still reports its matched row) and parseTime=true.
 func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
-	s := &Store{now: time.Now}
+	s := &Store{now: time.Now, conflicts: &conflictCounts{}}
 	for _, o := range opts {
 		o(s)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -48,10 +49,12 @@ func (s *Store) retrying(ctx context.Context, op func() error) error {
 		if isLockWaitTimeout(err) {
 			limit = maxLockWaitAttempts
 		}
+		s.conflicts.count(err)
 		if s.onRetry != nil {
 			s.onRetry(attempt, err)
 		}
 		if attempt >= limit {
+			s.conflicts.gaveUp.Add(1)
 			return fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 		}
 		backoff := time.Duration(rand.Int64N(int64(5*time.Millisecond) << attempt))
@@ -81,6 +84,47 @@ func (s *Store) transaction(ctx context.Context, fn func(tx *gorm.DB) error) err
 		// a deadlock inside the transaction.
 		return classify(s.db.WithContext(ctx).Transaction(fn))
 	})
+}
+
+// LockConflicts counts the lock conflicts a Store's writes met, so that
+// operators see what contention costs (each is an attempt run again, or a
+// write given up, unavailable, after its last attempt): a Galera
+// certification failure counts as a deadlock.
+type LockConflicts struct {
+	// Deadlocks: MariaDB 1213 (a deadlock victim, or Galera's
+	// certification failure at COMMIT).
+	Deadlocks uint64
+	// LockWaitTimeouts: MariaDB 1205, or SQLite busy past its busy timeout.
+	LockWaitTimeouts uint64
+	// Snapshots: SQLite's SQLITE_BUSY_SNAPSHOT (a deferred transaction's
+	// write from a snapshot another connection committed over).
+	Snapshots uint64
+	// GaveUp: writes whose every attempt lost, returned as ErrUnavailable.
+	GaveUp uint64
+}
+
+// conflictCounts is LockConflicts as it is counted.
+type conflictCounts struct {
+	deadlocks, lockWaits, snapshots, gaveUp atomic.Uint64
+}
+
+// count counts err, a lock conflict, by its kind.
+func (c *conflictCounts) count(err error) {
+	switch {
+	case isLockWaitTimeout(err):
+		c.lockWaits.Add(1)
+	case isSQLiteBusy(err):
+		c.snapshots.Add(1)
+	default:
+		c.deadlocks.Add(1)
+	}
+}
+
+// LockConflicts returns the lock conflicts this Store's writes met since
+// it was opened (the clusterd_database_lock_conflicts_total counter).
+func (s *Store) LockConflicts() LockConflicts {
+	c := s.conflicts
+	return LockConflicts{Deadlocks: c.deadlocks.Load(), LockWaitTimeouts: c.lockWaits.Load(), Snapshots: c.snapshots.Load(), GaveUp: c.gaveUp.Load()}
 }
 
 // WithRetryHook calls hook after every attempt of a write that lost a lock

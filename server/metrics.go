@@ -124,9 +124,10 @@ func newMetrics() *metrics {
 }
 
 // watch registers the gauges read at scrape time: clusters per state from
-// the database, the scanner's counters and pass durations, the pool.
+// the database, the scanner's counters and pass durations, the pool, the
+// database's lock conflicts.
 func (m *metrics) watch(store *repository.Store, sc *scanner.Scanner, quotas *service.Quotas, log *slog.Logger) {
-	m.registry.MustRegister(&stateCollector{store: store, log: log}, scannerCollector{sc}, poolCollector{store},
+	m.registry.MustRegister(&stateCollector{store: store, log: log}, scannerCollector{sc}, poolCollector{store}, conflictCollector{store},
 		&quotaCollector{store: store, quotas: quotas, log: log})
 	if _, ok := store.BatchStats(); ok {
 		m.registry.MustRegister(batchCollector{store})
@@ -495,4 +496,32 @@ type promLogger struct{ log *slog.Logger }
 // Println logs one error of a scrape.
 func (l promLogger) Println(v ...any) {
 	l.log.Warn("metrics: " + strings.TrimSpace(fmt.Sprintln(v...)))
+}
+
+// conflictCollector exports repository.Store.LockConflicts: the writes run
+// again because they lost a lock (a deadlock, Galera's certification
+// failure, a lock wait timeout, SQLite's busy snapshot), and those given up.
+type conflictCollector struct{ store *repository.Store }
+
+var (
+	conflictsDesc = prometheus.NewDesc("clusterd_database_lock_conflicts_total",
+		"Writes to the database that lost a lock and were run again or given up, by kind (deadlock, which counts Galera's certification failures; lock_wait_timeout; busy_snapshot on SQLite).",
+		[]string{"kind"}, nil)
+	conflictsGaveUpDesc = prometheus.NewDesc("clusterd_database_lock_conflict_give_ups_total",
+		"Writes whose every attempt lost a lock: the caller got UNAVAILABLE (an RPC) or the step failed or waited (a job).", nil, nil)
+)
+
+// Describe lists the lock conflict counters.
+func (conflictCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- conflictsDesc
+	ch <- conflictsGaveUpDesc
+}
+
+// Collect reads repository.Store.LockConflicts.
+func (c conflictCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.store.LockConflicts()
+	for kind, v := range map[string]uint64{"deadlock": st.Deadlocks, "lock_wait_timeout": st.LockWaitTimeouts, "busy_snapshot": st.Snapshots} {
+		ch <- prometheus.MustNewConstMetric(conflictsDesc, prometheus.CounterValue, float64(v), kind)
+	}
+	ch <- prometheus.MustNewConstMetric(conflictsGaveUpDesc, prometheus.CounterValue, float64(st.GaveUp))
 }

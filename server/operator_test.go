@@ -164,6 +164,18 @@ func TestMetrics(t *testing.T) {
 				t.Errorf("%s = %v; want at least 1", name, m[name])
 			}
 		}
+		// The lock conflicts' counters exist from the start, whatever
+		// this test's writes met.
+		for _, name := range []string{
+			`clusterd_database_lock_conflicts_total{kind="deadlock"}`,
+			`clusterd_database_lock_conflicts_total{kind="lock_wait_timeout"}`,
+			`clusterd_database_lock_conflicts_total{kind="busy_snapshot"}`,
+			`clusterd_database_lock_conflict_give_ups_total`,
+		} {
+			if _, ok := m[name]; !ok {
+				t.Errorf("%s not exposed", name)
+			}
+		}
 		// The SQLite writer's batches: this test's writes ran in them (one
 		// a batch, or more); MySQL has none.
 		if b.Name == "sqlite" {
