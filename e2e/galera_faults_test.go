@@ -105,9 +105,22 @@ func (g *privateGalera) run(args ...string) error {
 	cmd.Env = g.env
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("galera.sh %s: %w\n%s", strings.Join(args, " "), err, out)
+		// The last lines come first too, on the error's own line: a CI
+		// summary that keeps only a failure's first line still says why.
+		return fmt.Errorf("galera.sh %s: %w (last lines: %s)\n%s", strings.Join(args, " "), err, lastLines(string(out), 4), out)
 	}
 	return nil
+}
+
+// lastLines is the last n non-empty lines of out, joined by " | ".
+func lastLines(out string, n int) string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines[max(0, len(lines)-n):], " | ")
 }
 
 // killNodes kills nodes ns, one after the other.
