@@ -186,10 +186,12 @@ chaos-galera: build
 BENCHCOUNT ?= 3
 # BENCHPROFILE=dir: CPU profiles of bin/clusterd, one per front-door measure.
 BENCHPROFILE ?=
+# BENCHDOORENV="GOGC=400 ...": bin/clusterd's runtime settings in the front-door measures.
+BENCHDOORENV ?=
 bench: mariadb
 	CLUSTERD_TEST_MYSQL_DSN=$${CLUSTERD_TEST_MYSQL_DSN:-mysql://clusterd:clusterd@127.0.0.1:3306/test} \
 	  go test -run '^$$' -bench . -benchtime 1s -count $(BENCHCOUNT) -timeout 90m ./bench -args -bench.plot $(CURDIR)/docs/scanner-pass.png \
-	  $(if $(BENCHPROFILE),-bench.profile $(abspath $(BENCHPROFILE)))
+	  $(if $(BENCHPROFILE),-bench.profile $(abspath $(BENCHPROFILE))) $(if $(BENCHDOORENV),-bench.door-env "$(BENCHDOORENV)")
 
 ## bench-vms: time creates of real-VM clusters (1+1 and 1+3 nodes: four
 ## QEMU guests, so not in make test) on qemu:///system, each step's time,

@@ -53,6 +53,10 @@ import (
 
 var profileDir = flag.String("bench.profile", "", "write a CPU profile of bin/clusterd per front-door measure into this folder")
 
+// doorEnv measures bin/clusterd under runtime settings of an operator's
+// (GOGC, GOMEMLIMIT, GOMAXPROCS), which the baselines' process does not get.
+var doorEnv = flag.String("bench.door-env", "", "space-separated NAME=value pairs added to bin/clusterd's environment (GOGC=400 ...)")
+
 // frontDoor is one clusterd process and the clients that call it.
 type frontDoor struct {
 	cmd      *exec.Cmd
@@ -143,6 +147,9 @@ func launchFrontDoor(b *testing.B, e *env, stepDelay string) (*frontDoor, error)
 		// are never taken for dead.
 		"--sim-step-delay", stepDelay, "--peer-timeout", "24h", "--log-level", "WARN")
 	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
+	if *doorEnv != "" {
+		d.cmd.Env = append(os.Environ(), strings.Fields(*doorEnv)...)
+	}
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	must(b, d.cmd.Start())
 	exited := make(chan struct{})
@@ -541,6 +548,25 @@ func cpuTimed(b *testing.B, pid int, backend, dsn string, run func()) {
 	cpuResults[name] = append(cpuResults[name], u)
 	resultsMu.Unlock()
 	b.ReportMetric(u.server, "cpu-µs/op")
+	if !u.sameProc {
+		b.ReportMetric(procPeakRSS(pid), "peak-rss-MiB")
+	}
+}
+
+// procPeakRSS is process pid's peak resident memory so far (VmHWM), in MiB;
+// 0 if it cannot be read.
+func procPeakRSS(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(data)) {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
 }
 
 // lastCPU is, per run of name, the CPU of its last measurement (see runs).
