@@ -30,6 +30,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,7 +53,7 @@ const (
 // Store is the part of the repository the lease needs: the servers table.
 type Store interface {
 	GetServer(ctx context.Context, id string) (repository.Server, error)
-	TakeOverServer(ctx context.Context, id string, seen *repository.Server, host string, pid int) (repository.Server, error)
+	TakeOverServer(ctx context.Context, id string, seen *repository.Server, as repository.Registrant) (repository.Server, error)
 	Heartbeat(ctx context.Context, srv repository.Server) (repository.Server, error)
 	ReleaseServer(ctx context.Context, srv repository.Server) error
 }
@@ -111,6 +113,13 @@ type Lease struct {
 	heldSince atomic.Int64
 	// lost is why the lease is gone for good (superseded, stopped); nil while not.
 	lost atomic.Pointer[error]
+
+	// sent holds every incarnation this lease has asked the database to
+	// register. A registration cut short (its context ended, its answer
+	// was lost) may still commit, later; a later Acquire that finds one of
+	// these in the row finds this process, not a live predecessor.
+	sentMu sync.Mutex
+	sent   []string
 }
 
 // New returns a lease for cfg.ServerID; Acquire takes it.
@@ -145,13 +154,17 @@ var ErrLost = errors.New("server lease not held")
 // ProbeWindow is how long Acquire watches a predecessor's heartbeat: two
 // heartbeat intervals and a margin, so a live one beats at least once. A
 // caller that bounds Acquire's time gives it this much beyond its reads and
-// writes.
+// writes. Acquire watches again when the row changed under its take-over
+// (up to three looks in all), so such a caller also retries an Acquire it
+// cut short.
 func (l *Lease) ProbeWindow() time.Duration {
 	return 2*l.cfg.HeartbeatInterval + 500*time.Millisecond
 }
 
 // Acquire registers this process under its server id, unless a live process
-// holds it (*InUseError). It must be called once, before Run.
+// holds it (*InUseError). It must succeed once, before Run; a caller may call
+// it again after it failed (a row that an earlier, cut-short call of this
+// lease registered is this process's own and is taken over at once).
 func (l *Lease) Acquire(ctx context.Context) (repository.Server, error) {
 	id := l.cfg.ServerID
 	if id == "" {
@@ -170,11 +183,17 @@ func (l *Lease) Acquire(ctx context.Context) (repository.Server, error) {
 			if err != nil {
 				return repository.Server{}, err
 			}
-			l.log.Warn("taking over the server id from an earlier process", "server_id", id,
+			level := slog.LevelWarn
+			if why == ownRegistration {
+				level = slog.LevelInfo
+			}
+			l.log.Log(ctx, level, "taking over the server id from an earlier registration", "server_id", id,
 				"incarnation", seen.Incarnation, "host", seen.Host, "pid", seen.PID, "because", why)
 		}
+		as := repository.Registrant{Incarnation: repository.NewIncarnation(), Host: l.cfg.Host, PID: l.cfg.PID}
+		l.remember(as.Incarnation)
 		sent := l.now()
-		srv, err := l.cfg.Store.TakeOverServer(ctx, id, prev, l.cfg.Host, l.cfg.PID)
+		srv, err := l.cfg.Store.TakeOverServer(ctx, id, prev, as)
 		if errors.Is(err, repository.ErrConflict) && attempt < 3 {
 			// Someone registered or heartbeat in between: look again.
 			continue
@@ -195,6 +214,8 @@ func (l *Lease) Acquire(ctx context.Context) (repository.Server, error) {
 func (l *Lease) dead(ctx context.Context, seen repository.Server) (string, error) {
 	age := l.now().Sub(seen.HeartbeatTime)
 	switch {
+	case l.mine(seen.Incarnation):
+		return ownRegistration, nil
 	case !seen.HeartbeatTime.After(repository.Stopped):
 		return "it stopped gracefully", nil
 	case age >= l.cfg.PeerTimeout:
@@ -224,10 +245,33 @@ func (l *Lease) dead(ctx context.Context, seen repository.Server) (string, error
 		if err != nil {
 			return "", fmt.Errorf("acquire lease for server %s: %w", seen.ID, err)
 		}
+		if l.mine(now.Incarnation) {
+			// This lease's own registration, cut short before it watched,
+			// committed meanwhile; the take-over from seen then misses and
+			// Acquire looks again.
+			return ownRegistration, nil
+		}
 		if now.Incarnation != seen.Incarnation || !now.HeartbeatTime.Equal(seen.HeartbeatTime) {
 			return "", &InUseError{ServerID: now.ID, Incarnation: now.Incarnation, Host: now.Host, PID: now.PID, Age: l.now().Sub(now.HeartbeatTime)}
 		}
 	}
+}
+
+// ownRegistration is why a row this lease registered itself is taken over.
+const ownRegistration = "it is this process's own registration from an attempt that was cut short"
+
+// remember records inc as an incarnation this lease sent.
+func (l *Lease) remember(inc string) {
+	l.sentMu.Lock()
+	defer l.sentMu.Unlock()
+	l.sent = append(l.sent, inc)
+}
+
+// mine reports whether inc is an incarnation this lease sent.
+func (l *Lease) mine(inc string) bool {
+	l.sentMu.Lock()
+	defer l.sentMu.Unlock()
+	return slices.Contains(l.sent, inc)
 }
 
 // Self is this process's registration (its id and incarnation).

@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -106,7 +107,7 @@ func TestAcquireTakesOverACrashedProcessOnThisHostAtOnce(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *repository.Store) {
 		host, _ := os.Hostname()
 		gone := deadPID(t)
-		old, err := s.TakeOverServer(ctxT(t), "srv", nil, host, gone)
+		old, err := s.TakeOverServer(ctxT(t), "srv", nil, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: host, PID: gone})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,15 +126,14 @@ func TestAcquireTakesOverACrashedProcessOnThisHostAtOnce(t *testing.T) {
 	})
 }
 
-// A registration of this process whose answer was lost (the commit reached
-// the database, the reply did not: start-up then tries again) is this host
-// and pid, a heartbeat that does not advance: the next Acquire takes it
-// over once the probe window has passed, and does not refuse it as a live
-// holder.
-func TestAcquireTakesOverItsOwnRegistrationWhoseAnswerWasLost(t *testing.T) {
+// A registration of this host and pid that this lease did not send (an
+// earlier process of the same pid: a container's PID 1) has a heartbeat
+// that does not advance: Acquire takes it over once the probe window has
+// passed, and does not refuse it as a live holder.
+func TestAcquireTakesOverASilentRegistrationOfThisHostAndPID(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *repository.Store) {
 		host, _ := os.Hostname()
-		lost, err := s.TakeOverServer(ctxT(t), "srv", nil, host, os.Getpid())
+		lost, err := s.TakeOverServer(ctxT(t), "srv", nil, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: host, PID: os.Getpid()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,6 +144,97 @@ func TestAcquireTakesOverItsOwnRegistrationWhoseAnswerWasLost(t *testing.T) {
 		}
 		if self.Incarnation == lost.Incarnation {
 			t.Error("Acquire kept the incarnation whose answer was lost")
+		}
+	})
+}
+
+// lateStore is a servers table whose first registration is cut short (its
+// caller's context ends while the database holds the write, as under Galera's
+// flow control) and commits later, while the caller's next attempt watches
+// the row: at the second read that follows the cut.
+type lateStore struct {
+	*repository.Store
+	// cut ends the first registration's context.
+	cut context.CancelFunc
+
+	mu      sync.Mutex
+	hung    bool
+	pending func()
+	reads   int
+	landed  string
+}
+
+func (s *lateStore) TakeOverServer(ctx context.Context, id string, seen *repository.Server, as repository.Registrant) (repository.Server, error) {
+	s.mu.Lock()
+	first := !s.hung
+	s.hung = true
+	s.mu.Unlock()
+	if !first {
+		return s.Store.TakeOverServer(ctx, id, seen, as)
+	}
+	s.cut()
+	<-ctx.Done()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pending = func() {
+		// The write the database held, as it was sent: the same
+		// compare-and-set, the same incarnation.
+		if _, err := s.Store.TakeOverServer(context.Background(), id, seen, as); err == nil {
+			s.landed = as.Incarnation
+		}
+	}
+	return repository.Server{}, fmt.Errorf("take over server %s: %w", id, ctx.Err())
+}
+
+func (s *lateStore) GetServer(ctx context.Context, id string) (repository.Server, error) {
+	s.mu.Lock()
+	if s.pending != nil {
+		if s.reads++; s.reads == 2 {
+			s.pending()
+			s.pending = nil
+		}
+	}
+	s.mu.Unlock()
+	return s.Store.GetServer(ctx, id)
+}
+
+// A registration cut short that commits while the next attempt watches the
+// predecessor's heartbeat is this process, not a live holder: Acquire takes
+// the id (under a newer incarnation of its own) instead of refusing to start.
+func TestAcquireKnowsItsOwnRegistrationThatCommittedLate(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *repository.Store) {
+		// A predecessor elsewhere whose heartbeat is recent and stops.
+		paused := newLease(s, func(c *lease.Config) { c.Host, c.PID = "elsewhere", 4242 })
+		if _, err := paused.Acquire(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		first, cut := context.WithCancel(ctxT(t))
+		defer cut()
+		ls := &lateStore{Store: s, cut: cut}
+		l := newLease(s, func(c *lease.Config) { c.Store, c.PeerTimeout = ls, time.Minute })
+		if _, err := l.Acquire(first); !errors.Is(err, context.Canceled) {
+			t.Fatalf("first Acquire = %v; want it cut short at its registration", err)
+		}
+		self, err := l.Acquire(ctxT(t))
+		if err != nil {
+			t.Fatalf("Acquire after this process's cut-short registration committed late: %v; want the id taken", err)
+		}
+		ls.mu.Lock()
+		landed := ls.landed
+		ls.mu.Unlock()
+		if landed == "" {
+			t.Fatal("the cut-short registration never committed: the test did not test the late commit")
+		}
+		row, err := s.GetServer(ctxT(t), "srv")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if row.Incarnation != self.Incarnation || self.Incarnation == landed {
+			t.Errorf("row incarnation %s, Acquire returned %s, late commit %s; want the row to be what Acquire returned, newer than the late commit",
+				row.Incarnation, self.Incarnation, landed)
+		}
+		if err := l.Check(); err != nil {
+			t.Errorf("lease after Acquire: %v", err)
 		}
 	})
 }
@@ -259,9 +350,9 @@ func (s *slowStore) GetServer(context.Context, string) (repository.Server, error
 	return repository.Server{}, repository.ErrNotFound
 }
 
-func (s *slowStore) TakeOverServer(_ context.Context, id string, _ *repository.Server, host string, pid int) (repository.Server, error) {
+func (s *slowStore) TakeOverServer(_ context.Context, id string, _ *repository.Server, as repository.Registrant) (repository.Server, error) {
 	s.advance(s.slow)
-	return repository.Server{ID: id, Incarnation: "inc-1", Host: host, PID: int64(pid), HeartbeatTime: s.clock()}, nil
+	return repository.Server{ID: id, Incarnation: as.Incarnation, Host: as.Host, PID: int64(as.PID), HeartbeatTime: s.clock()}, nil
 }
 
 func (s *slowStore) Heartbeat(_ context.Context, srv repository.Server) (repository.Server, error) {
@@ -424,8 +515,8 @@ func (s *realSlowStore) Heartbeat(ctx context.Context, srv repository.Server) (r
 	}
 }
 
-func (s *realSlowStore) TakeOverServer(_ context.Context, id string, _ *repository.Server, host string, pid int) (repository.Server, error) {
-	return repository.Server{ID: id, Incarnation: "inc-1", Host: host, PID: int64(pid), HeartbeatTime: time.Now()}, nil
+func (s *realSlowStore) TakeOverServer(_ context.Context, id string, _ *repository.Server, as repository.Registrant) (repository.Server, error) {
+	return repository.Server{ID: id, Incarnation: as.Incarnation, Host: as.Host, PID: int64(as.PID), HeartbeatTime: time.Now()}, nil
 }
 
 // A database slower than a heartbeat interval to commit a beat (a loaded

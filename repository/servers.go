@@ -29,14 +29,32 @@ func (s *Store) RegisterServer(ctx context.Context, id string) (Server, error) {
 	return row.toServer(), nil
 }
 
-// TakeOverServer registers a new incarnation of server id, run by process
-// pid on host, only if the id's row is still exactly as the caller saw it
-// (seen; nil when it saw no row): a compare-and-set on the server row, so of
-// two processes starting under one id at once only one registers, and a
-// predecessor that heartbeats in between keeps its id. A miss is ErrConflict.
-func (s *Store) TakeOverServer(ctx context.Context, id string, seen *Server, host string, pid int) (Server, error) {
+// Registrant is the process a registration names. The caller chooses the
+// incarnation (NewIncarnation) so that it can tell its own row later: a
+// registration whose answer was lost, or whose context ended while the
+// database still held it, may commit after the caller has given up on it.
+type Registrant struct {
+	Incarnation string
+	Host        string
+	PID         int
+}
+
+// NewIncarnation returns a fresh incarnation id for a Registrant.
+func NewIncarnation() string { return newID() }
+
+// TakeOverServer registers incarnation as.Incarnation of server id, run by
+// process as.PID on as.Host, only if the id's row is still exactly as the
+// caller saw it (seen; nil when it saw no row): a compare-and-set on the
+// server row, so of two processes starting under one id at once only one
+// registers, and a predecessor that heartbeats in between keeps its id. A
+// miss is ErrConflict.
+func (s *Store) TakeOverServer(ctx context.Context, id string, seen *Server, as Registrant) (Server, error) {
+	if as.Incarnation == "" {
+		return Server{}, fmt.Errorf("register server %s: no incarnation given", id)
+	}
+	host, pid := as.Host, as.PID
 	now := s.stamp()
-	row := serverRow{ID: id, Incarnation: newID(), StartTime: now, HeartbeatTime: now, Host: host, PID: int64(pid)}
+	row := serverRow{ID: id, Incarnation: as.Incarnation, StartTime: now, HeartbeatTime: now, Host: host, PID: int64(pid)}
 	if seen == nil {
 		err := s.retrying(ctx, func() error { return classify(s.db.WithContext(ctx).Create(&row).Error) })
 		if errors.Is(err, ErrAlreadyExists) {

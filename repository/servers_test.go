@@ -14,14 +14,14 @@ import (
 func TestTakeOverServer(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *repository.Store) {
 		ctx := ctxT(t)
-		first, err := s.TakeOverServer(ctx, "srv", nil, "host-a", 100)
+		first, err := s.TakeOverServer(ctx, "srv", nil, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: "host-a", PID: 100})
 		if err != nil {
 			t.Fatalf("first registration: %v", err)
 		}
 		if got, _ := s.GetServer(ctx, "srv"); got.Host != "host-a" || got.PID != 100 || got.Incarnation != first.Incarnation {
 			t.Errorf("row = %+v; want host-a, pid 100, %s", got, first.Incarnation)
 		}
-		if _, err := s.TakeOverServer(ctx, "srv", nil, "host-b", 200); !errors.Is(err, repository.ErrConflict) {
+		if _, err := s.TakeOverServer(ctx, "srv", nil, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: "host-b", PID: 200}); !errors.Is(err, repository.ErrConflict) {
 			t.Errorf("second registration of a new id: %v; want ErrConflict", err)
 		}
 		seen, _ := s.GetServer(ctx, "srv")
@@ -29,11 +29,11 @@ func TestTakeOverServer(t *testing.T) {
 		if _, err := s.Heartbeat(ctx, first); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.TakeOverServer(ctx, "srv", &seen, "host-b", 200); !errors.Is(err, repository.ErrConflict) {
+		if _, err := s.TakeOverServer(ctx, "srv", &seen, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: "host-b", PID: 200}); !errors.Is(err, repository.ErrConflict) {
 			t.Errorf("take over from a row that heartbeat since: %v; want ErrConflict", err)
 		}
 		now, _ := s.GetServer(ctx, "srv")
-		second, err := s.TakeOverServer(ctx, "srv", &now, "host-b", 200)
+		second, err := s.TakeOverServer(ctx, "srv", &now, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: "host-b", PID: 200})
 		if err != nil {
 			t.Fatalf("take over from the row as seen: %v", err)
 		}

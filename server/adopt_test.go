@@ -405,7 +405,7 @@ func TestPeerJudgedDeadOnlyAfterAPeerTimeoutOfItsOwnHeartbeats(t *testing.T) {
 		}
 		defer then.Close()
 		repotest.SeedCatalog(t, then)
-		peer, err := then.TakeOverServer(tctx(t), "peer", nil, "elsewhere", 4242)
+		peer, err := then.TakeOverServer(tctx(t), "peer", nil, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: "elsewhere", PID: 4242})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,7 +15,8 @@ import (
 // deadline, DatabaseWait after the first attempt, past which no attempt is
 // begun. An attempt is cut short after the time left, but at least a second
 // and at most attemptTimeout (the lease's attempt gets its probe window
-// besides), so start-up gives up within about that much past DatabaseWait.
+// besides), so start-up gives up at most about a second (and the probe
+// window) past DatabaseWait.
 // Each retry is logged with its error and waits a backoff that doubles up
 // to 5s. The open's prepare (the simulator's schema, the catalog's seed)
 // is not cut short: it runs on a database that just answered.
@@ -122,17 +123,17 @@ type acquirer interface {
 // database answers but cannot take the registration's write: a Galera node
 // that is back before it rejoins a primary component reads, and refuses
 // writes, for some seconds. An attempt that does not end within w's attempt
-// bound (and the probe window) is cut short and made again. A live holder of the id, or any other
-// error, fails at once. A registration that committed but whose answer was
-// lost (or cut short) is found by the next attempt as a process of this
-// host and pid that does not beat, and taken over once the lease's probe
-// window has passed.
+// bound (and the probe window) is cut short and made again. A live holder
+// of the id, or any other error, fails at once. A registration that
+// committed but whose answer was lost, or that commits after its attempt
+// was cut short, is this lease's own incarnation: the next attempt takes it
+// over at once (see lease.Lease.Acquire).
 func acquireLease(ctx context.Context, l acquirer, w *startupWait) (repository.Server, error) {
 	const what = "acquire the server lease"
 	for attempt := 1; ; attempt++ {
 		attemptCtx, cancel := w.attempt(ctx, l.ProbeWindow())
 		self, err := l.Acquire(attemptCtx)
-		timedOut := attemptCtx.Err() != nil && ctx.Err() == nil
+		timedOut := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
 		cancel()
 		if err == nil {
 			w.reached(what, "taking writes", attempt)

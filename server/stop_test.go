@@ -104,7 +104,7 @@ func TestLostLeaseIsNotServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for {
-		if _, err = h.seed.TakeOverServer(ctx, "test-server", &row, "elsewhere", 1); !errors.Is(err, repository.ErrConflict) {
+		if _, err = h.seed.TakeOverServer(ctx, "test-server", &row, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: "elsewhere", PID: 1}); !errors.Is(err, repository.ErrConflict) {
 			break
 		}
 		row, _ = h.seed.GetServer(ctx, "test-server") // it heartbeat in between
