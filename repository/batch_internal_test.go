@@ -257,6 +257,11 @@ func TestAMemberThatLosesTheTransactionLeavesTheOthersToBeRunAgain(t *testing.T)
 	if st, _ := s.BatchStats(); st.Undone != 4 {
 		t.Errorf("%d writes undone; want 4 (the two before the loser, the two after it)", st.Undone)
 	}
+	// Run again for another's failure, they met no lock: the database
+	// refused none.
+	if got := s.LockConflicts(); got != (LockConflicts{}) {
+		t.Errorf("lock conflicts counted %+v; want none", got)
+	}
 	if !errors.Is(errBatchLost, ErrUnavailable) {
 		t.Error("a write undone by another's failure is not ErrUnavailable once its retries run out")
 	}

@@ -1,6 +1,7 @@
 package repository_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -148,6 +149,23 @@ func TestLockWaitTimeoutIsRetriedNotAConflict(t *testing.T) {
 		}
 		if got := s.LockConflicts(); got.GaveUp != 1 || got.LockWaitTimeouts != uint64(len(r.seen())) || got.Deadlocks != 0 {
 			t.Errorf("LockConflicts after a write given up: %+v; want 1 given up, %d lock waits", got, len(r.seen()))
+		}
+
+		// A caller whose deadline comes between attempts: the write is
+		// given up too, and counted so.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		s2, err := repository.Open(ctx, dsn+"?innodb_lock_wait_timeout=1", repository.WithRetryHook(func(int, error) { cancel() }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s2.Close() })
+		_, err = s2.Transition(wctx, repository.Transition{ClusterID: c.ID, Expect: got.Expect(), Event: lifecycle.OperationSucceeded})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("write whose caller left after a lock wait: %v; want its context's error", err)
+		}
+		if got := s2.LockConflicts(); got != (repository.LockConflicts{LockWaitTimeouts: 1, GaveUp: 1}) {
+			t.Errorf("LockConflicts after a write abandoned between attempts: %+v; want 1 lock wait, 1 given up", got)
 		}
 	})
 }
@@ -368,5 +386,57 @@ func TestFrozenTransactionReleasesItsLocks(t *testing.T) {
 			t.Error("the frozen transaction committed after MariaDB ended its session")
 		}
 		t.Logf("peer write went through %s after the transaction froze (idle timeout 1s)", took.Round(time.Millisecond))
+	})
+}
+
+// Setting a quota waits out another writer's lock on the account's row like
+// every other write: the attempt that timed out is run again, not failed.
+func TestSetQuotaRetriesALockWait(t *testing.T) {
+	mysqlOnly(t, func(t *testing.T, dsn string) {
+		ctx := ctxT(t)
+		r := newRetries()
+		s, err := repository.Open(ctx, dsn+"?innodb_lock_wait_timeout=1", repository.WithRetryHook(r.hook))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		two, three := int64(2), int64(3)
+		if err := s.SetQuota(ctx, "acme", repository.Limits{Clusters: &two}); err != nil {
+			t.Fatal(err)
+		}
+		raw := rawSQL(t, dsn)
+		other, err := raw.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = other.Rollback() }()
+		if _, err := other.ExecContext(ctx, "SELECT account FROM quotas WHERE account = 'acme' FOR UPDATE"); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.SetQuota(ctx, "acme", repository.Limits{Clusters: &three}) }()
+		select {
+		case <-r.first:
+		case err := <-done:
+			t.Fatalf("SetQuota did not wait for the lock (or was not retried): %v", err)
+		case <-time.After(time.Minute):
+			t.Fatal("SetQuota never timed out waiting for the lock")
+		}
+		if err := other.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("SetQuota after a lock wait timeout: %v; want it retried and written", err)
+		}
+		q, err := s.GetQuota(ctx, "acme", repository.QuotaCheck{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Limits.Clusters == nil || *q.Limits.Clusters != 3 {
+			t.Errorf("quota after the retried write: %+v; want 3 clusters", q.Limits)
+		}
+		if got := s.LockConflicts(); got.LockWaitTimeouts == 0 {
+			t.Errorf("LockConflicts after SetQuota's lock wait: %+v; want it counted", got)
+		}
 	})
 }

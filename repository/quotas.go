@@ -479,10 +479,10 @@ func (s *Store) SetQuota(ctx context.Context, account string, l Limits) error {
 			" max_cpus = excluded.max_cpus, max_memory_mb = excluded.max_memory_mb, update_time = excluded.update_time"
 	}
 	err := s.retrying(ctx, func() error {
-		return s.db.WithContext(ctx).Exec(q, account, l.Clusters, l.Nodes, l.CPUs, l.MemoryMB, now).Error
+		return classify(s.db.WithContext(ctx).Exec(q, account, l.Clusters, l.Nodes, l.CPUs, l.MemoryMB, now).Error)
 	})
 	if err != nil {
-		return fmt.Errorf("set quota of account %q: %w", account, classify(err))
+		return fmt.Errorf("set quota of account %q: %w", account, err)
 	}
 	return nil
 }

@@ -62,6 +62,7 @@ func (s *Store) retrying(ctx context.Context, op func() error) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			s.conflicts.gaveUp.Add(1)
 			return fmt.Errorf("%w (retry abandoned: %w)", err, ctx.Err())
 		case <-t.C:
 		}
@@ -87,9 +88,11 @@ func (s *Store) transaction(ctx context.Context, fn func(tx *gorm.DB) error) err
 }
 
 // LockConflicts counts the lock conflicts a Store's writes met, so that
-// operators see what contention costs (each is an attempt run again, or a
-// write given up, unavailable, after its last attempt): a Galera
-// certification failure counts as a deadlock.
+// operators see what contention costs: each is an attempt rolled back and
+// run again, or the last attempt of a write given up. A Galera
+// certification failure counts as a deadlock. A write that SQLite's group
+// commit rolled back for another write's failure is not counted here
+// (BatchStats.Undone counts it), only when it is given up.
 type LockConflicts struct {
 	// Deadlocks: MariaDB 1213 (a deadlock victim, or Galera's
 	// certification failure at COMMIT).
@@ -99,7 +102,8 @@ type LockConflicts struct {
 	// Snapshots: SQLite's SQLITE_BUSY_SNAPSHOT (a deferred transaction's
 	// write from a snapshot another connection committed over).
 	Snapshots uint64
-	// GaveUp: writes whose every attempt lost, returned as ErrUnavailable.
+	// GaveUp: writes that failed with a lock conflict, because every
+	// attempt lost (ErrUnavailable) or their context ended before the next.
 	GaveUp uint64
 }
 
@@ -111,6 +115,8 @@ type conflictCounts struct {
 // count counts err, a lock conflict, by its kind.
 func (c *conflictCounts) count(err error) {
 	switch {
+	case errors.Is(err, errBatchLost):
+		// Not a lock the database refused: BatchStats.Undone counts it.
 	case isLockWaitTimeout(err):
 		c.lockWaits.Add(1)
 	case isSQLiteBusy(err):

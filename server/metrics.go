@@ -498,17 +498,17 @@ func (l promLogger) Println(v ...any) {
 	l.log.Warn("metrics: " + strings.TrimSpace(fmt.Sprintln(v...)))
 }
 
-// conflictCollector exports repository.Store.LockConflicts: the writes run
-// again because they lost a lock (a deadlock, Galera's certification
-// failure, a lock wait timeout, SQLite's busy snapshot), and those given up.
+// conflictCollector exports repository.Store.LockConflicts: the attempts
+// at a write that lost a lock (a deadlock, Galera's certification failure,
+// a lock wait timeout, SQLite's busy snapshot), and the writes given up.
 type conflictCollector struct{ store *repository.Store }
 
 var (
 	conflictsDesc = prometheus.NewDesc("clusterd_database_lock_conflicts_total",
-		"Writes to the database that lost a lock and were run again or given up, by kind (deadlock, which counts Galera's certification failures; lock_wait_timeout; busy_snapshot on SQLite).",
+		"Attempts at a database write that lost a lock and were rolled back (then run again, or the write given up), by kind (deadlock, which counts Galera's certification failures; lock_wait_timeout; busy_snapshot on SQLite).",
 		[]string{"kind"}, nil)
-	conflictsGaveUpDesc = prometheus.NewDesc("clusterd_database_lock_conflict_give_ups_total",
-		"Writes whose every attempt lost a lock: the caller got UNAVAILABLE (an RPC) or the step failed or waited (a job).", nil, nil)
+	conflictsGaveUpDesc = prometheus.NewDesc("clusterd_database_writes_given_up_total",
+		"Writes that failed for lost locks: every attempt lost one (the caller got UNAVAILABLE, or the job's step failed or waited), or the caller's deadline came before the next attempt.", nil, nil)
 )
 
 // Describe lists the lock conflict counters.

@@ -170,7 +170,7 @@ func TestMetrics(t *testing.T) {
 			`clusterd_database_lock_conflicts_total{kind="deadlock"}`,
 			`clusterd_database_lock_conflicts_total{kind="lock_wait_timeout"}`,
 			`clusterd_database_lock_conflicts_total{kind="busy_snapshot"}`,
-			`clusterd_database_lock_conflict_give_ups_total`,
+			`clusterd_database_writes_given_up_total`,
 		} {
 			if _, ok := m[name]; !ok {
 				t.Errorf("%s not exposed", name)
