@@ -1,7 +1,6 @@
 package bench_test
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -226,17 +225,9 @@ func vmHWM(b *testing.B, pid int) float64 {
 	if runtime.GOOS != "linux" {
 		b.Skip("reads /proc")
 	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	must(b, err)
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
-			must(b, err)
-			return kb / 1024
-		}
+	peak := procPeakRSS(pid)
+	if peak == 0 {
+		b.Fatalf("no VmHWM for process %d", pid)
 	}
-	b.Fatal("no VmHWM")
-	return 0
+	return peak
 }
