@@ -155,8 +155,13 @@ wait_synced() {
 }
 
 # alive PID says whether process PID runs (a zombie, killed and not yet
-# reaped, does not).
-alive() { [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+# reaped, does not). Its state is read once: a process that exits while it
+# is read has no state line, and is not alive.
+alive() {
+	local state
+	state="$(grep -m1 '^State:' "/proc/$1/status" 2>/dev/null)" || return 1
+	[[ $state != *[ZX]* ]]
+}
 
 stop_node() {
 	local n=$1 pid
