@@ -15,8 +15,11 @@
 //
 // Acquire refuses to start a second live process under one server id. A
 // predecessor's row is taken over at once when its heartbeat is older than
-// the peer timeout, when it stopped gracefully, or when it ran on this host
-// and its process is gone (a crash restart). Otherwise its heartbeat is
+// the peer timeout, when it stopped gracefully, when it ran on this host
+// and its process is gone (a crash restart), or when it is this lease's own
+// registration from an earlier attempt that was cut short and committed
+// late (Acquire chooses its incarnations and remembers them). Otherwise its
+// heartbeat is
 // watched for two heartbeat intervals: if it advances, the id is in use and
 // Acquire fails with an *InUseError; if it does not, the predecessor is
 // taken for dead (or paused: when it wakes, its heartbeat finds the id taken,
@@ -178,8 +181,8 @@ func (l *Lease) Acquire(ctx context.Context) (repository.Server, error) {
 		case err != nil:
 			return repository.Server{}, fmt.Errorf("acquire lease for server %s: %w", id, err)
 		default:
-			prev = &seen
-			why, err := l.dead(ctx, seen)
+			var why string
+			why, prev, err = l.dead(ctx, seen)
 			if err != nil {
 				return repository.Server{}, err
 			}
@@ -210,18 +213,19 @@ func (l *Lease) Acquire(ctx context.Context) (repository.Server, error) {
 }
 
 // dead says why the process behind row seen no longer holds its server id,
-// or returns an *InUseError if it still does.
-func (l *Lease) dead(ctx context.Context, seen repository.Server) (string, error) {
+// and which row to take over from (seen, or what the watch last read; nil
+// when the row is gone), or returns an *InUseError if it still holds it.
+func (l *Lease) dead(ctx context.Context, seen repository.Server) (string, *repository.Server, error) {
 	age := l.now().Sub(seen.HeartbeatTime)
 	switch {
 	case l.mine(seen.Incarnation):
-		return ownRegistration, nil
+		return ownRegistration, &seen, nil
 	case !seen.HeartbeatTime.After(repository.Stopped):
-		return "it stopped gracefully", nil
+		return "it stopped gracefully", &seen, nil
 	case age >= l.cfg.PeerTimeout:
-		return fmt.Sprintf("its last heartbeat is %s old (peer timeout %s)", age.Round(time.Millisecond), l.cfg.PeerTimeout), nil
+		return fmt.Sprintf("its last heartbeat is %s old (peer timeout %s)", age.Round(time.Millisecond), l.cfg.PeerTimeout), &seen, nil
 	case seen.Host == l.cfg.Host && seen.PID > 0 && int(seen.PID) != l.cfg.PID && !processAlive(int(seen.PID)):
-		return fmt.Sprintf("its process %d on this host is gone", seen.PID), nil
+		return fmt.Sprintf("its process %d on this host is gone", seen.PID), &seen, nil
 	}
 	window := l.ProbeWindow()
 	l.log.Info("server id registered by a process that may be alive; watching its heartbeat", "server_id", seen.ID,
@@ -233,26 +237,25 @@ func (l *Lease) dead(ctx context.Context, seen repository.Server) (string, error
 	for {
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("acquire lease for server %s: %w", seen.ID, ctx.Err())
+			return "", nil, fmt.Errorf("acquire lease for server %s: %w", seen.ID, ctx.Err())
 		case <-deadline.C:
-			return fmt.Sprintf("its heartbeat did not advance for %s", window), nil
+			return fmt.Sprintf("its heartbeat did not advance for %s", window), &seen, nil
 		case <-tick.C:
 		}
 		now, err := l.cfg.Store.GetServer(ctx, seen.ID)
 		if errors.Is(err, repository.ErrNotFound) {
-			return "its row was deleted", nil
+			return "its row was deleted", nil, nil
 		}
 		if err != nil {
-			return "", fmt.Errorf("acquire lease for server %s: %w", seen.ID, err)
+			return "", nil, fmt.Errorf("acquire lease for server %s: %w", seen.ID, err)
 		}
 		if l.mine(now.Incarnation) {
 			// This lease's own registration, cut short before it watched,
-			// committed meanwhile; the take-over from seen then misses and
-			// Acquire looks again.
-			return ownRegistration, nil
+			// committed meanwhile: taken over from the row as it is now.
+			return ownRegistration, &now, nil
 		}
 		if now.Incarnation != seen.Incarnation || !now.HeartbeatTime.Equal(seen.HeartbeatTime) {
-			return "", &InUseError{ServerID: now.ID, Incarnation: now.Incarnation, Host: now.Host, PID: now.PID, Age: l.now().Sub(now.HeartbeatTime)}
+			return "", nil, &InUseError{ServerID: now.ID, Incarnation: now.Incarnation, Host: now.Host, PID: now.PID, Age: l.now().Sub(now.HeartbeatTime)}
 		}
 	}
 }

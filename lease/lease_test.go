@@ -133,41 +133,45 @@ func TestAcquireTakesOverACrashedProcessOnThisHostAtOnce(t *testing.T) {
 func TestAcquireTakesOverASilentRegistrationOfThisHostAndPID(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *repository.Store) {
 		host, _ := os.Hostname()
-		lost, err := s.TakeOverServer(ctxT(t), "srv", nil, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: host, PID: os.Getpid()})
+		silent, err := s.TakeOverServer(ctxT(t), "srv", nil, repository.Registrant{Incarnation: repository.NewIncarnation(), Host: host, PID: os.Getpid()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		l := newLease(s, func(c *lease.Config) { c.Host, c.PID = host, os.Getpid() })
 		self, err := l.Acquire(ctxT(t))
 		if err != nil {
-			t.Fatalf("Acquire over this process's own registration: %v; want it taken over", err)
+			t.Fatalf("Acquire over a silent registration of this host and pid: %v; want it taken over", err)
 		}
-		if self.Incarnation == lost.Incarnation {
-			t.Error("Acquire kept the incarnation whose answer was lost")
+		if self.Incarnation == silent.Incarnation {
+			t.Error("Acquire kept the silent registration's incarnation")
 		}
 	})
 }
 
 // lateStore is a servers table whose first registration is cut short (its
 // caller's context ends while the database holds the write, as under Galera's
-// flow control) and commits later, while the caller's next attempt watches
-// the row: at the second read that follows the cut.
+// flow control) and commits later, at the landAt-th read that follows the
+// cut: before the caller's next attempt reads the row (1), or while it
+// watches the row (2).
 type lateStore struct {
 	*repository.Store
 	// cut ends the first registration's context.
-	cut context.CancelFunc
+	cut    context.CancelFunc
+	landAt int
 
-	mu      sync.Mutex
-	hung    bool
-	pending func()
-	reads   int
-	landed  string
+	mu       sync.Mutex
+	hung     bool
+	pending  func()
+	reads    int
+	landed   string
+	takeOver int
 }
 
 func (s *lateStore) TakeOverServer(ctx context.Context, id string, seen *repository.Server, as repository.Registrant) (repository.Server, error) {
 	s.mu.Lock()
 	first := !s.hung
 	s.hung = true
+	s.takeOver++
 	s.mu.Unlock()
 	if !first {
 		return s.Store.TakeOverServer(ctx, id, seen, as)
@@ -189,7 +193,7 @@ func (s *lateStore) TakeOverServer(ctx context.Context, id string, seen *reposit
 func (s *lateStore) GetServer(ctx context.Context, id string) (repository.Server, error) {
 	s.mu.Lock()
 	if s.pending != nil {
-		if s.reads++; s.reads == 2 {
+		if s.reads++; s.reads == s.landAt {
 			s.pending()
 			s.pending = nil
 		}
@@ -198,45 +202,88 @@ func (s *lateStore) GetServer(ctx context.Context, id string) (repository.Server
 	return s.Store.GetServer(ctx, id)
 }
 
-// A registration cut short that commits while the next attempt watches the
-// predecessor's heartbeat is this process, not a live holder: Acquire takes
-// the id (under a newer incarnation of its own) instead of refusing to start.
+// logLines is a log a test reads while a lease writes it.
+type logLines struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logLines) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+// A registration cut short that commits before the next attempt reads the
+// row, or while that attempt watches the predecessor's heartbeat, is this
+// process, not a live holder: Acquire takes the id (under a newer
+// incarnation of its own) at once, with one take-over, instead of refusing
+// to start or watching its own row.
 func TestAcquireKnowsItsOwnRegistrationThatCommittedLate(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, s *repository.Store) {
-		// A predecessor elsewhere whose heartbeat is recent and stops.
-		paused := newLease(s, func(c *lease.Config) { c.Host, c.PID = "elsewhere", 4242 })
-		if _, err := paused.Acquire(ctxT(t)); err != nil {
-			t.Fatal(err)
-		}
-		first, cut := context.WithCancel(ctxT(t))
-		defer cut()
-		ls := &lateStore{Store: s, cut: cut}
-		l := newLease(s, func(c *lease.Config) { c.Store, c.PeerTimeout = ls, time.Minute })
-		if _, err := l.Acquire(first); !errors.Is(err, context.Canceled) {
-			t.Fatalf("first Acquire = %v; want it cut short at its registration", err)
-		}
-		self, err := l.Acquire(ctxT(t))
-		if err != nil {
-			t.Fatalf("Acquire after this process's cut-short registration committed late: %v; want the id taken", err)
-		}
-		ls.mu.Lock()
-		landed := ls.landed
-		ls.mu.Unlock()
-		if landed == "" {
-			t.Fatal("the cut-short registration never committed: the test did not test the late commit")
-		}
-		row, err := s.GetServer(ctxT(t), "srv")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if row.Incarnation != self.Incarnation || self.Incarnation == landed {
-			t.Errorf("row incarnation %s, Acquire returned %s, late commit %s; want the row to be what Acquire returned, newer than the late commit",
-				row.Incarnation, self.Incarnation, landed)
-		}
-		if err := l.Check(); err != nil {
-			t.Errorf("lease after Acquire: %v", err)
-		}
-	})
+	for _, tc := range []struct {
+		name   string
+		landAt int
+	}{{"before the next read", 1}, {"while the next attempt watches", 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, s *repository.Store) {
+				// A predecessor elsewhere whose heartbeat is recent and stops.
+				paused := newLease(s, func(c *lease.Config) { c.Host, c.PID = "elsewhere", 4242 })
+				if _, err := paused.Acquire(ctxT(t)); err != nil {
+					t.Fatal(err)
+				}
+				first, cut := context.WithCancel(ctxT(t))
+				defer cut()
+				ls := &lateStore{Store: s, cut: cut, landAt: tc.landAt}
+				logs := &logLines{}
+				l := newLease(s, func(c *lease.Config) {
+					c.Store, c.PeerTimeout = ls, time.Minute
+					c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+				})
+				if _, err := l.Acquire(first); !errors.Is(err, context.Canceled) {
+					t.Fatalf("first Acquire = %v; want it cut short at its registration", err)
+				}
+				const watching = "watching its heartbeat"
+				watchedBefore := logs.count(watching)
+				self, err := l.Acquire(ctxT(t))
+				if err != nil {
+					t.Fatalf("Acquire after this process's cut-short registration committed late: %v; want the id taken", err)
+				}
+				ls.mu.Lock()
+				landed, takeOvers := ls.landed, ls.takeOver
+				ls.mu.Unlock()
+				if landed == "" {
+					t.Fatal("the cut-short registration never committed: the test did not test the late commit")
+				}
+				row, err := s.GetServer(ctxT(t), "srv")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if row.Incarnation != self.Incarnation || self.Incarnation == landed {
+					t.Errorf("row incarnation %s, Acquire returned %s, late commit %s; want the row to be what Acquire returned, newer than the late commit",
+						row.Incarnation, self.Incarnation, landed)
+				}
+				if takeOvers != 2 {
+					t.Errorf("%d take-overs in the two Acquires; want 2: the one cut short, then one from the row as last read", takeOvers)
+				}
+				wantWatch := 1 // the predecessor's, before it landed
+				if tc.landAt == 1 {
+					wantWatch = 0 // its own row: nothing to watch
+				}
+				if n := logs.count(watching) - watchedBefore; n != wantWatch {
+					t.Errorf("the second Acquire watched a heartbeat %d times; want %d", n, wantWatch)
+				}
+				if err := l.Check(); err != nil {
+					t.Errorf("lease after Acquire: %v", err)
+				}
+			})
+		})
+	}
 }
 
 // deadPID returns the pid of a process that has exited.

@@ -151,21 +151,29 @@ func TestLockWaitTimeoutIsRetriedNotAConflict(t *testing.T) {
 			t.Errorf("LockConflicts after a write given up: %+v; want 1 given up, %d lock waits", got, len(r.seen()))
 		}
 
-		// A caller whose deadline comes between attempts: the write is
-		// given up too, and counted so.
-		wctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		s2, err := repository.Open(ctx, dsn+"?innodb_lock_wait_timeout=1", repository.WithRetryHook(func(int, error) { cancel() }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s2.Close() })
-		_, err = s2.Transition(wctx, repository.Transition{ClusterID: c.ID, Expect: got.Expect(), Event: lifecycle.OperationSucceeded})
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("write whose caller left after a lock wait: %v; want its context's error", err)
-		}
-		if got := s2.LockConflicts(); got != (repository.LockConflicts{LockWaitTimeouts: 1, GaveUp: 1}) {
-			t.Errorf("LockConflicts after a write abandoned between attempts: %+v; want 1 lock wait, 1 given up", got)
+		// A caller whose deadline comes between attempts, or while the
+		// next attempt waits for the lock again: the write is given up
+		// too, and counted so.
+		for _, when := range []struct {
+			name  string
+			after time.Duration
+		}{{"between attempts", 0}, {"in the next lock wait", 300 * time.Millisecond}} {
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			s2, err := repository.Open(ctx, dsn+"?innodb_lock_wait_timeout=1", repository.WithRetryHook(func(int, error) {
+				time.AfterFunc(when.after, cancel)
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s2.Close() })
+			_, err = s2.Transition(wctx, repository.Transition{ClusterID: c.ID, Expect: got.Expect(), Event: lifecycle.OperationSucceeded})
+			if err == nil || wctx.Err() == nil {
+				t.Fatalf("write whose caller left %s: %v; want it to fail with the caller gone", when.name, err)
+			}
+			if got := s2.LockConflicts(); got.GaveUp != 1 || got.LockWaitTimeouts == 0 {
+				t.Errorf("LockConflicts after a write whose caller left %s: %+v; want 1 given up after its lock waits", when.name, got)
+			}
 		}
 	})
 }

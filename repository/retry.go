@@ -43,6 +43,12 @@ func (s *Store) retrying(ctx context.Context, op func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := op()
 		if !errors.Is(err, errLockConflict) {
+			if err != nil && attempt > 1 && ctx.Err() != nil {
+				// The caller's deadline came while a write that had lost a
+				// lock tried again (most often waiting for the lock anew):
+				// given up for the lock as much as after the last attempt.
+				s.conflicts.gaveUp.Add(1)
+			}
 			return err
 		}
 		limit := maxDeadlockAttempts
@@ -57,13 +63,19 @@ func (s *Store) retrying(ctx context.Context, op func() error) error {
 			s.conflicts.gaveUp.Add(1)
 			return fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 		}
+		abandon := func() error {
+			s.conflicts.gaveUp.Add(1)
+			return fmt.Errorf("%w (retry abandoned: %w)", err, ctx.Err())
+		}
+		if ctx.Err() != nil {
+			return abandon()
+		}
 		backoff := time.Duration(rand.Int64N(int64(5*time.Millisecond) << attempt))
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			s.conflicts.gaveUp.Add(1)
-			return fmt.Errorf("%w (retry abandoned: %w)", err, ctx.Err())
+			return abandon()
 		case <-t.C:
 		}
 	}
@@ -102,8 +114,10 @@ type LockConflicts struct {
 	// Snapshots: SQLite's SQLITE_BUSY_SNAPSHOT (a deferred transaction's
 	// write from a snapshot another connection committed over).
 	Snapshots uint64
-	// GaveUp: writes that failed with a lock conflict, because every
-	// attempt lost (ErrUnavailable) or their context ended before the next.
+	// GaveUp: writes that failed after losing a lock conflict: every
+	// attempt lost (ErrUnavailable), or their context ended before or
+	// during the next. A write whose SQLite group commits were all rolled
+	// back for others' failures counts here too.
 	GaveUp uint64
 }
 

@@ -160,7 +160,7 @@ wait_synced() {
 alive() {
 	local state
 	state="$(grep -m1 '^State:' "/proc/$1/status" 2>/dev/null)" || return 1
-	[[ $state != *[ZX]* ]]
+	[[ $state != State:*[[:space:]][ZX]* ]]
 }
 
 stop_node() {

@@ -107,16 +107,18 @@ type flakyAcquirer struct {
 	failures, calls int
 	err             error
 	hangs           bool
-	probe, hung     time.Duration
+	probe           time.Duration
+	// deadlines are the deadlines of the calls that hung.
+	deadlines []time.Time
 }
 
 func (a *flakyAcquirer) Acquire(ctx context.Context) (repository.Server, error) {
 	a.calls++
 	if a.calls <= a.failures {
 		if a.hangs {
-			began := time.Now()
+			dl, _ := ctx.Deadline()
+			a.deadlines = append(a.deadlines, dl)
 			<-ctx.Done()
-			a.hung += time.Since(began)
 			return repository.Server{}, fmt.Errorf("take over server s: %w", ctx.Err())
 		}
 		return repository.Server{}, a.err
@@ -172,14 +174,16 @@ func TestStartCutsShortALeaseAttemptThatHangs(t *testing.T) {
 	a := &flakyAcquirer{failures: 1, hangs: true, probe: 300 * time.Millisecond}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
+	began := time.Now()
 	self, err := acquireLease(ctx, a, w)
 	if err != nil || self.Incarnation != "7" || a.calls != 2 {
 		t.Fatalf("acquireLease after a hanging attempt: %+v, %v after %d calls; want incarnation 7 on the second", self, err, a.calls)
 	}
-	// The attempt's deadline is set before the fake starts its clock: allow
-	// for the moments in between.
-	if a.hung < 490*time.Millisecond {
-		t.Errorf("the hanging attempt was cut after %s; want the attempt's bound and its probe window, 500ms", a.hung)
+	if len(a.deadlines) != 1 {
+		t.Fatalf("the hanging attempt's deadlines: %v; want one", a.deadlines)
+	}
+	if d := a.deadlines[0].Sub(began); d < 500*time.Millisecond {
+		t.Errorf("the hanging attempt's deadline came %s after the start; want the attempt's bound and its probe window, 500ms", d)
 	}
 	if !strings.Contains(logs.String(), "deadline exceeded") {
 		t.Errorf("the cut attempt was not logged with its error:\n%s", logs)

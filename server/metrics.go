@@ -508,7 +508,7 @@ var (
 		"Attempts at a database write that lost a lock and were rolled back (then run again, or the write given up), by kind (deadlock, which counts Galera's certification failures; lock_wait_timeout; busy_snapshot on SQLite).",
 		[]string{"kind"}, nil)
 	conflictsGaveUpDesc = prometheus.NewDesc("clusterd_database_writes_given_up_total",
-		"Writes that failed for lost locks: every attempt lost one (the caller got UNAVAILABLE, or the job's step failed or waited), or the caller's deadline came before the next attempt.", nil, nil)
+		"Writes that failed after losing a lock: every attempt lost one (the caller got UNAVAILABLE, or the job's step failed or waited), or the caller's deadline came before or during the next attempt. On SQLite, also writes whose every group commit was rolled back for others' failures.", nil, nil)
 )
 
 // Describe lists the lock conflict counters.
