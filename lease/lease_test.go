@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clusterd/clusterd/internal/syncbuf"
 	"github.com/clusterd/clusterd/lease"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
@@ -202,24 +203,6 @@ func (s *lateStore) GetServer(ctx context.Context, id string) (repository.Server
 	return s.Store.GetServer(ctx, id)
 }
 
-// logLines is a log a test reads while a lease writes it.
-type logLines struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logLines) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
-
 // A registration cut short that commits before the next attempt reads the
 // row, or while that attempt watches the predecessor's heartbeat, is this
 // process, not a live holder: Acquire takes the id (under a newer
@@ -240,7 +223,7 @@ func TestAcquireKnowsItsOwnRegistrationThatCommittedLate(t *testing.T) {
 				first, cut := context.WithCancel(ctxT(t))
 				defer cut()
 				ls := &lateStore{Store: s, cut: cut, landAt: tc.landAt}
-				logs := &logLines{}
+				logs := &syncbuf.Buffer{}
 				l := newLease(s, func(c *lease.Config) {
 					c.Store, c.PeerTimeout = ls, time.Minute
 					c.Logger = slog.New(slog.NewTextHandler(logs, nil))
@@ -249,7 +232,7 @@ func TestAcquireKnowsItsOwnRegistrationThatCommittedLate(t *testing.T) {
 					t.Fatalf("first Acquire = %v; want it cut short at its registration", err)
 				}
 				const watching = "watching its heartbeat"
-				watchedBefore := logs.count(watching)
+				watchedBefore := strings.Count(logs.String(), watching)
 				self, err := l.Acquire(ctxT(t))
 				if err != nil {
 					t.Fatalf("Acquire after this process's cut-short registration committed late: %v; want the id taken", err)
@@ -275,7 +258,7 @@ func TestAcquireKnowsItsOwnRegistrationThatCommittedLate(t *testing.T) {
 				if tc.landAt == 1 {
 					wantWatch = 0 // its own row: nothing to watch
 				}
-				if n := logs.count(watching) - watchedBefore; n != wantWatch {
+				if n := strings.Count(logs.String(), watching) - watchedBefore; n != wantWatch {
 					t.Errorf("the second Acquire watched a heartbeat %d times; want %d", n, wantWatch)
 				}
 				if err := l.Check(); err != nil {

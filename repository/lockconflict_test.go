@@ -77,6 +77,36 @@ func (r *retries) seen() []error {
 	return append([]error(nil), r.errs...)
 }
 
+// afterALockWait holds the row lock takes (a SELECT ... FOR UPDATE of one
+// row, by its key) in a transaction of raw's while write runs, until r
+// reports write's first attempt lost its lock wait; then it frees the row and
+// returns write's outcome, which only a retry can make a success.
+func afterALockWait(t *testing.T, raw *sql.DB, r *retries, lock string, key any, write func() error) error {
+	t.Helper()
+	ctx := ctxT(t)
+	other, err := raw.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback() }()
+	if _, err := other.ExecContext(ctx, lock, key); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- write() }()
+	select {
+	case <-r.first: // the first attempt timed out waiting
+	case err := <-done:
+		t.Fatalf("the write did not wait for the lock (or was not retried): %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the write never timed out waiting for the lock")
+	}
+	if err := other.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	return <-done
+}
+
 // A write that times out waiting for a lock (1205) lost no compare-and-set:
 // it is run again, and succeeds once the lock is free. Nobody changed the
 // cluster, so nobody is told of a conflict.
@@ -94,31 +124,11 @@ func TestLockWaitTimeoutIsRetriedNotAConflict(t *testing.T) {
 
 		// Another writer holds the cluster's row.
 		raw := rawSQL(t, dsn)
-		other, err := raw.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = other.Rollback() }()
-		if _, err := other.ExecContext(ctx, "SELECT id FROM clusters WHERE id = ? FOR UPDATE", c.ID); err != nil {
-			t.Fatal(err)
-		}
-
-		done := make(chan error, 1)
-		go func() {
+		err = afterALockWait(t, raw, r, "SELECT id FROM clusters WHERE id = ? FOR UPDATE", c.ID, func() error {
 			_, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StopRequested, Operation: "stop"})
-			done <- err
-		}()
-		select {
-		case <-r.first: // the first attempt timed out waiting
-		case err := <-done:
-			t.Fatalf("the write did not wait for the lock: %v", err)
-		case <-time.After(time.Minute):
-			t.Fatal("the write never timed out waiting for the lock")
-		}
-		if err := other.Rollback(); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-done; err != nil {
+			return err
+		})
+		if err != nil {
 			t.Fatalf("write after a lock wait timeout: %v; want it retried and written", err)
 		}
 		got, _ := s.GetCluster(ctx, c.ID)
@@ -135,7 +145,7 @@ func TestLockWaitTimeoutIsRetriedNotAConflict(t *testing.T) {
 
 		// A lock held past every attempt: the write is given up,
 		// unavailable, and counted so.
-		other, err = raw.BeginTx(ctx, nil)
+		other, err := raw.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -412,28 +422,10 @@ func TestSetQuotaRetriesALockWait(t *testing.T) {
 		if err := s.SetQuota(ctx, "acme", repository.Limits{Clusters: &two}); err != nil {
 			t.Fatal(err)
 		}
-		raw := rawSQL(t, dsn)
-		other, err := raw.BeginTx(ctx, nil)
+		err = afterALockWait(t, rawSQL(t, dsn), r, "SELECT account FROM quotas WHERE account = ? FOR UPDATE", "acme", func() error {
+			return s.SetQuota(ctx, "acme", repository.Limits{Clusters: &three})
+		})
 		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = other.Rollback() }()
-		if _, err := other.ExecContext(ctx, "SELECT account FROM quotas WHERE account = 'acme' FOR UPDATE"); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- s.SetQuota(ctx, "acme", repository.Limits{Clusters: &three}) }()
-		select {
-		case <-r.first:
-		case err := <-done:
-			t.Fatalf("SetQuota did not wait for the lock (or was not retried): %v", err)
-		case <-time.After(time.Minute):
-			t.Fatal("SetQuota never timed out waiting for the lock")
-		}
-		if err := other.Rollback(); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-done; err != nil {
 			t.Fatalf("SetQuota after a lock wait timeout: %v; want it retried and written", err)
 		}
 		q, err := s.GetQuota(ctx, "acme", repository.QuotaCheck{})
