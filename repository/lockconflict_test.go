@@ -77,6 +77,18 @@ func (r *retries) seen() []error {
 	return append([]error(nil), r.errs...)
 }
 
+// shortLockWaits opens a Store on dsn whose lock waits time out after a
+// second, and that calls hook after every attempt that lost a lock.
+func shortLockWaits(t *testing.T, dsn string, hook func(attempt int, err error)) *repository.Store {
+	t.Helper()
+	s, err := repository.Open(ctxT(t), dsn+"?innodb_lock_wait_timeout=1", repository.WithRetryHook(hook))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // afterALockWait holds the row lock takes (a SELECT ... FOR UPDATE of one
 // row, by its key) in a transaction of raw's while write runs, until r
 // reports write's first attempt lost its lock wait; then it frees the row and
@@ -114,17 +126,13 @@ func TestLockWaitTimeoutIsRetriedNotAConflict(t *testing.T) {
 	mysqlOnly(t, func(t *testing.T, dsn string) {
 		ctx := ctxT(t)
 		r := newRetries()
-		s, err := repository.Open(ctx, dsn+"?innodb_lock_wait_timeout=1", repository.WithRetryHook(r.hook))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := shortLockWaits(t, dsn, r.hook)
 		repotest.SeedCatalog(t, s)
-		t.Cleanup(func() { _ = s.Close() })
 		c := running(t, s, "web")
 
 		// Another writer holds the cluster's row.
 		raw := rawSQL(t, dsn)
-		err = afterALockWait(t, raw, r, "SELECT id FROM clusters WHERE id = ? FOR UPDATE", c.ID, func() error {
+		err := afterALockWait(t, raw, r, "SELECT id FROM clusters WHERE id = ? FOR UPDATE", c.ID, func() error {
 			_, err := s.Transition(ctx, repository.Transition{ClusterID: c.ID, Expect: c.Expect(), Event: lifecycle.StopRequested, Operation: "stop"})
 			return err
 		})
@@ -170,14 +178,8 @@ func TestLockWaitTimeoutIsRetriedNotAConflict(t *testing.T) {
 		}{{"between attempts", 0}, {"in the next lock wait", 300 * time.Millisecond}} {
 			wctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			s2, err := repository.Open(ctx, dsn+"?innodb_lock_wait_timeout=1", repository.WithRetryHook(func(int, error) {
-				time.AfterFunc(when.after, cancel)
-			}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = s2.Close() })
-			_, err = s2.Transition(wctx, repository.Transition{ClusterID: c.ID, Expect: got.Expect(), Event: lifecycle.OperationSucceeded})
+			s2 := shortLockWaits(t, dsn, func(int, error) { time.AfterFunc(when.after, cancel) })
+			_, err := s2.Transition(wctx, repository.Transition{ClusterID: c.ID, Expect: got.Expect(), Event: lifecycle.OperationSucceeded})
 			if err == nil || wctx.Err() == nil {
 				t.Fatalf("write whose caller left %s: %v; want it to fail with the caller gone", when.name, err)
 			}
@@ -413,16 +415,12 @@ func TestSetQuotaRetriesALockWait(t *testing.T) {
 	mysqlOnly(t, func(t *testing.T, dsn string) {
 		ctx := ctxT(t)
 		r := newRetries()
-		s, err := repository.Open(ctx, dsn+"?innodb_lock_wait_timeout=1", repository.WithRetryHook(r.hook))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
+		s := shortLockWaits(t, dsn, r.hook)
 		two, three := int64(2), int64(3)
 		if err := s.SetQuota(ctx, "acme", repository.Limits{Clusters: &two}); err != nil {
 			t.Fatal(err)
 		}
-		err = afterALockWait(t, rawSQL(t, dsn), r, "SELECT account FROM quotas WHERE account = ? FOR UPDATE", "acme", func() error {
+		err := afterALockWait(t, rawSQL(t, dsn), r, "SELECT account FROM quotas WHERE account = ? FOR UPDATE", "acme", func() error {
 			return s.SetQuota(ctx, "acme", repository.Limits{Clusters: &three})
 		})
 		if err != nil {
