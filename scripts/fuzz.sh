@@ -14,7 +14,11 @@ targets=(
 	"./server FuzzScaleCluster"
 )
 log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+# The fuzz workers' temporary folders (the targets' SQLite files) go under
+# one folder of this run's: the coordinator may stop a worker before its
+# cleanups run, and what it leaves is removed with the folder.
+tmp="$(mktemp -d)"
+trap 'rm -f "$log"; rm -rf "$tmp"' EXIT
 # deadlineFlake: the run failed only with "context deadline exceeded" as
 # -fuzztime ran out, and wrote no failing input. Go 1.26's fuzz coordinator
 # reports its own shutdown that way when a worker is still busy at the
@@ -27,7 +31,7 @@ deadlineFlake() {
 for t in "${targets[@]}"; do
 	read -r pkg name <<<"$t"
 	for try in 1 2; do
-		if go test "$pkg" -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" >"$log" 2>&1; then
+		if TMPDIR="$tmp" go test "$pkg" -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" >"$log" 2>&1; then
 			echo "fuzz $name ($pkg): $(grep -oE 'execs: [0-9]+' "$log" | tail -n 1) in $fuzztime, no failure"
 			break
 		fi
