@@ -19,12 +19,12 @@
 // and its process is gone (a crash restart), or when it is this lease's own
 // registration from an earlier attempt that was cut short and committed
 // late (Acquire chooses its incarnations and remembers them). Otherwise its
-// heartbeat is
-// watched for two heartbeat intervals: if it advances, the id is in use and
-// Acquire fails with an *InUseError; if it does not, the predecessor is
-// taken for dead (or paused: when it wakes, its heartbeat finds the id taken,
-// and its calls are fenced). The take-over is a compare-and-set on the row as
-// seen, so of two processes starting together only one wins.
+// heartbeat is watched for two heartbeat intervals: if it advances, the id
+// is in use and Acquire fails with an *InUseError; if it does not, the
+// predecessor is taken for dead (or paused: when it wakes, its heartbeat
+// finds the id taken, and its calls are fenced). The take-over is a
+// compare-and-set on the row as seen, so of two processes starting together
+// only one wins.
 package lease
 
 import (
