@@ -52,9 +52,8 @@ func (s *Store) TakeOverServer(ctx context.Context, id string, seen *Server, as 
 	if as.Incarnation == "" {
 		return Server{}, fmt.Errorf("register server %s: no incarnation given", id)
 	}
-	host, pid := as.Host, as.PID
 	now := s.stamp()
-	row := serverRow{ID: id, Incarnation: as.Incarnation, StartTime: now, HeartbeatTime: now, Host: host, PID: int64(pid)}
+	row := serverRow{ID: id, Incarnation: as.Incarnation, StartTime: now, HeartbeatTime: now, Host: as.Host, PID: int64(as.PID)}
 	if seen == nil {
 		err := s.retrying(ctx, func() error { return classify(s.db.WithContext(ctx).Create(&row).Error) })
 		if errors.Is(err, ErrAlreadyExists) {
@@ -70,7 +69,7 @@ func (s *Store) TakeOverServer(ctx context.Context, id string, seen *Server, as 
 		res = s.db.WithContext(ctx).Model(&serverRow{}).
 			Where("id = ? AND incarnation = ? AND heartbeat_time = ?", id, seen.Incarnation, seen.HeartbeatTime.UTC()).
 			Updates(map[string]any{
-				"incarnation": row.Incarnation, "start_time": now, "heartbeat_time": now, "host": host, "pid": row.PID,
+				"incarnation": row.Incarnation, "start_time": now, "heartbeat_time": now, "host": row.Host, "pid": row.PID,
 			})
 		return classify(res.Error)
 	})
