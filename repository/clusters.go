@@ -44,8 +44,13 @@ type NewJob struct {
 	// RequestHash fingerprints the request (see Job.RequestHash).
 	RequestHash string
 	Params      string
-	StepsTotal  int32
-	Deadline    time.Time
+	// Step and StepsTotal are the job's progress as its claim writes it:
+	// the step the job will start first, when the claim already knows it
+	// (its runner then records that step without writing it again), and
+	// the steps it expects.
+	Step       string
+	StepsTotal int32
+	Deadline   time.Time
 }
 
 // Changes are the non-state fields an operation writes together with a

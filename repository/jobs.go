@@ -27,6 +27,7 @@ func newJobRow(nj NewJob, clusterID, account string, now time.Time) jobRow {
 		RequestID:         nullable(nj.RequestID),
 		RequestHash:       nj.RequestHash,
 		Params:            nj.Params,
+		Step:              nj.Step,
 		StepsTotal:        nj.StepsTotal,
 		Attempt:           1,
 		Deadline:          nj.Deadline.UTC().Truncate(time.Microsecond),

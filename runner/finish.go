@@ -108,11 +108,6 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 	var cause error
 	if runErr == nil {
 		f.Status, f.Result, f.Release = repository.JobSucceeded, out.Result, out.Release
-		// Steps done counts finished steps; the last one finished with Run,
-		// and is written with the job's end.
-		if rec, ok := p.final(); ok {
-			f.Progress = &rec
-		}
 	} else {
 		e := classify(jobCtx, t.Job.Deadline, runErr)
 		if r.handOff && interrupted(e.cause) && r.handOffJob(log, t, p, e.cause) {
@@ -120,6 +115,12 @@ func (r *Runner) finish(jobCtx context.Context, log *slog.Logger, t Task, p *Pro
 		}
 		f.Status, f.Error, cause = e.status, r.encode(e.cause), e.cause
 		log.Info("job did not succeed", "status", e.status, "cause", e.cause, "err", runErr)
+	}
+	// A success's last step finished with Run: its steps done are written
+	// with the job's end, as is a first step the claim named and the job
+	// never started.
+	if rec, ok := p.final(runErr == nil); ok {
+		f.Progress = &rec
 	}
 
 	backoff := firstRetryPause

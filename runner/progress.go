@@ -31,13 +31,21 @@ type Progress struct {
 	step    string // the step started last
 	started int32  // steps started so far by this attempt
 	total   int32  // steps this attempt expects
+	// claimed is the progress the job's claim wrote, when it named the
+	// step the job starts with (repository.NewJob.Step), until the first
+	// Step: a first Step that records just that is not written again.
+	claimed repository.Progress
 }
 
 // newProgress is the progress of job j's attempt: it writes at j's attempt
 // (so it stops once another server adopts the job) and counts on from the
 // steps j had finished when this attempt began.
 func newProgress(store Store, j repository.Job, lease Lease, log *slog.Logger) *Progress {
-	return &Progress{store: store, jobID: j.ID, attempt: j.Attempt, lease: lease, log: log, base: j.StepsDone, total: max(0, j.StepsTotal-j.StepsDone)}
+	p := &Progress{store: store, jobID: j.ID, attempt: j.Attempt, lease: lease, log: log, base: j.StepsDone, total: max(0, j.StepsTotal-j.StepsDone)}
+	if j.Attempt <= 1 && j.StepsDone == 0 {
+		p.claimed = repository.Progress{Step: j.Step, StepsTotal: j.StepsTotal, Attempt: j.Attempt}
+	}
+	return p
 }
 
 // Step records that the job starts step name (e.g. "power_on"): the previous
@@ -66,6 +74,10 @@ func newProgress(store Store, j repository.Job, lease Lease, log *slog.Logger) *
 // (the outage outlasted the peer timeout) Step returns ErrLeaseLost: the
 // runner then hands the job off (Config.HandOff) as soon as the database
 // answers, for this server or a peer to adopt and run on from this step.
+//
+// A first step that the job's claim recorded already (repository.NewJob.Step,
+// with the same steps expected) is not written again: a cancellation
+// requested since the claim then reaches it through the job's context only.
 func (p *Progress) Step(ctx context.Context, name string) error {
 	if ctx.Err() != nil {
 		// Why: ErrCancelled, or the deadline's or Shutdown's error.
@@ -78,9 +90,18 @@ func (p *Progress) Step(ctx context.Context, name string) error {
 	}
 	p.mu.Lock()
 	rec := repository.Progress{Step: name, StepsDone: p.base + p.started, StepsTotal: p.base + p.total, Attempt: p.attempt}
+	claimed := p.claimed
+	p.claimed = repository.Progress{}
 	p.started++
 	p.step = name
 	p.mu.Unlock()
+	if claimed.Step != "" && rec == claimed {
+		// The claim wrote this step moments ago, in this attempt's own
+		// transaction: the write would change nothing, and a cancellation
+		// requested since reaches the step through the job's context
+		// (Runner.Cancel, Config.WatchCancels).
+		return nil
+	}
 
 	job, err := p.record(ctx, name, rec)
 	var ended *repository.JobConflictError
@@ -119,12 +140,16 @@ func (p *Progress) current() string {
 	return p.step
 }
 
-// final is the progress of a job whose work succeeded: every step started is
-// done. ok is false when Run never called Step.
-func (p *Progress) final() (rec repository.Progress, ok bool) {
+// final is the progress a job's end writes. For a job whose work succeeded,
+// every step started is done; a job that did not succeed has its progress
+// written already, as its last Step recorded it. Either way, a step the
+// claim named that never started is taken back. ok is false when there is
+// nothing to write: Run never called Step, or the job failed.
+func (p *Progress) final(succeeded bool) (rec repository.Progress, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return repository.Progress{Step: p.step, StepsDone: p.base + p.started, StepsTotal: p.base + p.total, Attempt: p.attempt}, p.started > 0
+	rec = repository.Progress{Step: p.step, StepsDone: p.base + p.started, StepsTotal: p.base + p.total, Attempt: p.attempt}
+	return rec, (succeeded && p.started > 0) || p.claimed.Step != ""
 }
 
 // Backoff of a write retried through a database outage: the first retry

@@ -14,6 +14,7 @@ import (
 
 	"github.com/clusterd/clusterd/auth"
 	clv1 "github.com/clusterd/clusterd/gen/clusterlifecycle/v1"
+	"github.com/clusterd/clusterd/infra"
 	"github.com/clusterd/clusterd/infra/sim"
 	"github.com/clusterd/clusterd/repository"
 	"github.com/clusterd/clusterd/repository/repotest"
@@ -194,11 +195,26 @@ func (e *budgetEnv) create(t *testing.T, name string, workers int32) *clv1.Clust
 
 func clusterOf(t *testing.T, op *longrunningpb.Operation) string {
 	t.Helper()
+	return metadataOf(t, op).GetCluster()
+}
+
+func metadataOf(t *testing.T, op *longrunningpb.Operation) *clv1.OperationMetadata {
+	t.Helper()
 	md := &clv1.OperationMetadata{}
 	if err := op.GetMetadata().UnmarshalTo(md); err != nil {
 		t.Fatal(err)
 	}
-	return md.GetCluster()
+	return md
+}
+
+// wantFirstStep checks that the operation an RPC returned already names the
+// step its job starts with, as its claim recorded it.
+func wantFirstStep(t *testing.T, op *longrunningpb.Operation, step string, total int32) {
+	t.Helper()
+	md := metadataOf(t, op)
+	if md.GetStep() != step || md.GetStepsDone() != 0 || md.GetStepsTotal() != total {
+		t.Errorf("%s returned at step %q %d/%d; want %s 0/%d", md.GetVerb(), md.GetStep(), md.GetStepsDone(), md.GetStepsTotal(), step, total)
+	}
 }
 
 // budget is what one kind of operation may send. Before issue 10 (the same
@@ -231,7 +247,12 @@ func clusterOf(t *testing.T, op *longrunningpb.Operation) string {
 // 4 + 11 (7). A simulator's step that changes a machine is one statement
 // (ChangeMachine); it read the machine back after its write before, one
 // statement more a step: CreateCluster's infrastructure 96, StopCluster's
-// 20, StartCluster's 31, ScaleCluster's 33, DeleteCluster's 38.
+// 20, StartCluster's 31, ScaleCluster's 33, DeleteCluster's 38. A stop's
+// and a delete's claim record the step their job starts with (firstStep),
+// which the job then does not write: two statements and a transaction
+// less (StopCluster's job 12 in 8 transactions, DeleteCluster's 17 in 12,
+// before); a first step that is not the one the claim named is written
+// again, and fails this budget.
 type budget struct {
 	rpc, job, infra int // statements
 	tx              int // transactions, every party
@@ -276,11 +297,12 @@ func TestStatementBudget(t *testing.T) {
 						t.Fatal(err)
 					}
 				}},
-				{"StopCluster 1+2", budget{rpc: 5, job: 12, infra: 14, tx: 8}, func(t *testing.T, ctx context.Context) {
+				{"StopCluster 1+2", budget{rpc: 5, job: 10, infra: 14, tx: 7}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.StopCluster(ctx, &clv1.StopClusterRequest{Name: c.GetName(), RequestId: uuid.NewString()})
 					if err != nil {
 						t.Fatal(err)
 					}
+					wantFirstStep(t, op, infra.StepPowerOff, 3)
 					e.wait(t, op)
 				}},
 				{"StartCluster 1+2", budget{rpc: 5, job: 17, infra: 23, tx: 12}, func(t *testing.T, ctx context.Context) {
@@ -302,11 +324,12 @@ func TestStatementBudget(t *testing.T) {
 						t.Fatal("a start of a RUNNING cluster was accepted")
 					}
 				}},
-				{"DeleteCluster 1+3", budget{rpc: 5, job: 17, infra: 29, tx: 12}, func(t *testing.T, ctx context.Context) {
+				{"DeleteCluster 1+3", budget{rpc: 5, job: 15, infra: 29, tx: 11}, func(t *testing.T, ctx context.Context) {
 					op, err := e.clusters.DeleteCluster(ctx, &clv1.DeleteClusterRequest{Name: c.GetName(), RequestId: uuid.NewString()})
 					if err != nil {
 						t.Fatal(err)
 					}
+					wantFirstStep(t, op, infra.StepDestroyMachine, 5)
 					e.wait(t, op)
 				}},
 			}

@@ -82,8 +82,10 @@ type request struct {
 	// holder and state checks (e.g. an offering smaller than the current
 	// one). It must not change anything.
 	check func(ctx context.Context, c repository.Cluster) error
-	// work runs the operation's steps once the claim has committed.
-	work workFunc
+	// work runs the operation's steps once the claim has committed; first,
+	// when set, names the step it starts with (see firstStep).
+	work  workFunc
+	first firstStep
 	// uses are the catalog entries the claim takes in its transaction (an
 	// upgrade's target version); usesFor, when set, picks them from the
 	// cluster as read (a scale's offering, only when it changes).
@@ -235,12 +237,38 @@ func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key 
 	if r.paramsFor != nil {
 		params = r.paramsFor(c)
 	}
-	return s.claim(ctx, t, r.verb, key, params, r.work)
+	var starts repository.Progress
+	if r.first != nil {
+		starts = r.first(c)
+	}
+	return s.claim(ctx, t, r.verb, key, params, r.work, starts)
+}
+
+// firstStep is the step an operation on cluster c (as claimed) starts with,
+// and the steps it expects then, when the cluster tells them (the zero
+// Progress when it does not). The claim records them with the job, so the
+// job's first step writes nothing: one transaction less an operation. A
+// guess the work's own reads prove wrong costs nothing but that saving:
+// the first step then records what it does, as it would have anyway.
+type firstStep func(c repository.Cluster) repository.Progress
+
+// onEachMachine is the first step of an operation that begins with step on
+// each of the cluster's machines (one for each node of its spec) and takes
+// more steps after them.
+func onEachMachine(step string, more int32) firstStep {
+	return func(c repository.Cluster) repository.Progress {
+		n := c.Spec.ControlNodeCount + c.Spec.WorkerNodeCount
+		if n <= 0 {
+			return repository.Progress{}
+		}
+		return repository.Progress{Step: step, StepsTotal: n + more}
+	}
 }
 
 // claim writes the claim (the CAS, the job row and the history entry in one
-// transaction) and only then starts the work.
-func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb string, key idempotency, params any, work workFunc) (*longrunningpb.Operation, error) {
+// transaction) and only then starts the work. starts is the job's progress
+// as the claim writes it (see firstStep).
+func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb string, key idempotency, params any, work workFunc, starts repository.Progress) (*longrunningpb.Operation, error) {
 	if err := s.mayClaim(); err != nil {
 		return nil, err
 	}
@@ -249,6 +277,7 @@ func (s *Clusters) claim(ctx context.Context, t repository.Transition, verb stri
 		return nil, fmt.Errorf("encode %s parameters: %w", verb, err)
 	}
 	nj := s.newJob(verb, key, string(raw))
+	nj.Step, nj.StepsTotal = starts.Step, starts.StepsTotal
 	release, err := s.runner.Reserve(nj.ID)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", verb, err)

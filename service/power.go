@@ -45,9 +45,12 @@ func (s *Clusters) StopCluster(ctx context.Context, req *clv1.StopClusterRequest
 	return s.run(ctx, request{
 		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
 		verb: VerbStop, event: lifecycle.StopRequested, params: struct{}{},
-		work: s.stopWork,
+		work: s.stopWork, first: stopFirst,
 	})
 }
+
+// stopFirst is a stop's first step: it powers off each machine.
+var stopFirst = onEachMachine(infra.StepPowerOff, 0)
 
 func (s *Clusters) stopWork(ctx context.Context, o *op) (repository.Changes, error) {
 	machines, err := s.infra.Machines(ctx, o.job.ResourceID)
@@ -77,9 +80,13 @@ func (s *Clusters) DeleteCluster(ctx context.Context, req *clv1.DeleteClusterReq
 	return s.run(ctx, request{
 		msg: req, name: req.GetName(), requestID: req.GetRequestId(), etag: req.GetEtag(),
 		verb: VerbDelete, event: lifecycle.DestroyRequested, params: struct{}{},
-		work: s.deleteWork,
+		work: s.deleteWork, first: deleteFirst,
 	})
 }
+
+// deleteFirst is a delete's first step: it destroys each machine, then
+// removes the network rules left.
+var deleteFirst = onEachMachine(infra.StepDestroyMachine, 1)
 
 func (s *Clusters) deleteWork(ctx context.Context, o *op) (repository.Changes, error) {
 	o.response = empty

@@ -33,7 +33,7 @@ func (s *Clusters) RecoverOrphan(ctx context.Context, c repository.Cluster, orph
 	t := repository.Move(c, lifecycle.Stay(c.State))
 	t.History = repository.RecoveryStarted
 	t.Message = fmt.Sprintf("recovering orphaned operation %s: %s", operationName(c.CurrentOperation), reason)
-	_, err := s.claim(ctx, t, VerbRecover, idempotency{}, plan, s.orphanWork(plan))
+	_, err := s.claim(ctx, t, VerbRecover, idempotency{}, plan, s.orphanWork(plan), repository.Progress{})
 	return err
 }
 
@@ -93,7 +93,7 @@ func (s *Clusters) RetryDestroy(ctx context.Context, c repository.Cluster, reaso
 		return err
 	}
 	t.Message = "destroy retried: " + reason
-	_, err = s.claim(ctx, t, VerbDelete, idempotency{}, struct{}{}, s.deleteWork)
+	_, err = s.claim(ctx, t, VerbDelete, idempotency{}, struct{}{}, s.deleteWork, deleteFirst(c))
 	return err
 }
 
@@ -119,7 +119,7 @@ func (s *Clusters) RecoverAlert(ctx context.Context, c repository.Cluster) error
 		return err
 	}
 	t.Message = "machines all running and nodes joined"
-	_, err = s.claim(ctx, t, VerbRecover, idempotency{}, recoverPlan{}, s.recoverAlertWork)
+	_, err = s.claim(ctx, t, VerbRecover, idempotency{}, recoverPlan{}, s.recoverAlertWork, repository.Progress{})
 	return err
 }
 
@@ -167,7 +167,7 @@ func (s *Clusters) StopAlert(ctx context.Context, c repository.Cluster) error {
 		return err
 	}
 	t.Message = "machines all stopped"
-	_, err = s.claim(ctx, t, VerbStop, idempotency{}, struct{}{}, s.stopWork)
+	_, err = s.claim(ctx, t, VerbStop, idempotency{}, struct{}{}, s.stopWork, stopFirst(c))
 	return err
 }
 
