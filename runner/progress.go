@@ -76,8 +76,8 @@ func newProgress(store Store, j repository.Job, lease Lease, log *slog.Logger) *
 // answers, for this server or a peer to adopt and run on from this step.
 //
 // A first step that the job's claim recorded already (repository.NewJob.Step,
-// with the same steps expected) is not written again: a cancellation
-// requested since the claim then reaches it through the job's context only.
+// with the same steps expected) is not written again but read, with the
+// same outcomes.
 func (p *Progress) Step(ctx context.Context, name string) error {
 	if ctx.Err() != nil {
 		// Why: ErrCancelled, or the deadline's or Shutdown's error.
@@ -95,15 +95,12 @@ func (p *Progress) Step(ctx context.Context, name string) error {
 	p.started++
 	p.step = name
 	p.mu.Unlock()
-	if claimed.Step != "" && rec == claimed {
-		// The claim wrote this step moments ago, in this attempt's own
-		// transaction: the write would change nothing, and a cancellation
-		// requested since reaches the step through the job's context
-		// (Runner.Cancel, Config.WatchCancels).
-		return nil
-	}
+	// A step the claim wrote already would be written again unchanged: it
+	// is read instead, which learns the same (a cancellation, the job's
+	// end, an adoption) without a write transaction.
+	written := claimed.Step != "" && rec == claimed
 
-	job, err := p.record(ctx, name, rec)
+	job, err := p.record(ctx, name, rec, written)
 	var ended *repository.JobConflictError
 	switch {
 	case errors.Is(err, ErrLeaseLost):
@@ -140,11 +137,11 @@ func (p *Progress) current() string {
 	return p.step
 }
 
-// final is the progress a job's end writes. For a job whose work succeeded,
-// every step started is done; a job that did not succeed has its progress
-// written already, as its last Step recorded it. Either way, a step the
-// claim named that never started is taken back. ok is false when there is
-// nothing to write: Run never called Step, or the job failed.
+// final is the progress a job's end writes, ok false when there is none to
+// write. For a job whose work succeeded, every step started is done; a job
+// that did not succeed keeps the progress its last Step recorded. Either
+// way, a first step that the claim named and the job never started is taken
+// back.
 func (p *Progress) final(succeeded bool) (rec repository.Progress, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -160,12 +157,21 @@ const (
 	maxRetryPause   = 2 * time.Second
 )
 
-// record writes the step's progress, again and again while the database
-// does not answer, this server holds its lease and ctx is alive (see Step).
-func (p *Progress) record(ctx context.Context, name string, rec repository.Progress) (repository.Job, error) {
+// record writes the step's progress (reads the job, when the row holds it
+// already), again and again while the database does not answer, this server
+// holds its lease and ctx is alive (see Step).
+func (p *Progress) record(ctx context.Context, name string, rec repository.Progress, written bool) (repository.Job, error) {
 	pause := firstRetryPause
 	for attempt := 1; ; attempt++ {
-		job, err := p.store.RecordProgress(ctx, p.jobID, rec)
+		var (
+			job repository.Job
+			err error
+		)
+		if written {
+			job, err = p.store.GetJob(ctx, p.jobID)
+		} else {
+			job, err = p.store.RecordProgress(ctx, p.jobID, rec)
+		}
 		if err == nil || !errors.Is(err, repository.ErrUnavailable) || ctx.Err() != nil {
 			return job, err
 		}

@@ -9,9 +9,10 @@
 //   - it runs the work on a context derived from the Runner's own, never the
 //     RPC's, which gRPC cancels as soon as the handler returns;
 //   - it bounds the work by the job's Deadline;
-//   - it records each step on the job row (Progress.Step), and in the same
-//     round trip learns whether a cancellation was requested, possibly
-//     through another server, and whether recovery already ended the job;
+//   - it records each step on the job row (Progress.Step; a first step that
+//     the job's claim recorded is read instead), and in the same round trip
+//     learns whether a cancellation was requested, possibly through another
+//     server, and whether recovery already ended the job;
 //   - it rides out a database outage (a restart, a failover): a step's write
 //     is made again until the database answers, and a job whose lease
 //     lapsed meanwhile, or whose work met the outage, is handed off once
@@ -66,6 +67,9 @@ type Store interface {
 	// RecordProgress writes a running job's step and returns the job as
 	// stored; a job no longer IN_PROGRESS is a *repository.JobConflictError.
 	RecordProgress(ctx context.Context, jobID string, p repository.Progress) (repository.Job, error)
+	// GetJob reads a job: a first step that the job's claim recorded
+	// already is read rather than written again (Progress.Step).
+	GetJob(ctx context.Context, jobID string) (repository.Job, error)
 	// FinishJob ends an IN_PROGRESS job and releases its cluster in one
 	// transaction.
 	FinishJob(ctx context.Context, f repository.Finish) (repository.Job, error)

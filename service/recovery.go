@@ -93,7 +93,7 @@ func (s *Clusters) RetryDestroy(ctx context.Context, c repository.Cluster, reaso
 		return err
 	}
 	t.Message = "destroy retried: " + reason
-	_, err = s.claim(ctx, t, VerbDelete, idempotency{}, struct{}{}, s.deleteWork, deleteFirst(c))
+	_, err = s.claim(ctx, t, VerbDelete, idempotency{}, struct{}{}, s.deleteWork, repository.Progress{})
 	return err
 }
 

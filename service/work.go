@@ -85,8 +85,9 @@ func (s *Clusters) launch(ctx context.Context, c repository.Cluster, job reposit
 		}
 		s.log.Warn("could not start job; failing it", "job", job.ID, "error", err)
 		t, _, _ := o.release(ctx, o.failEvent, repository.Changes{}, "server shutting down", false)
+		// It started no step, whatever step its claim named.
 		if _, ferr := s.store.FinishJob(context.WithoutCancel(ctx), repository.Finish{JobID: job.ID, Status: repository.JobFailed,
-			Error: EncodeJobError(runner.ErrShutdown), Release: t}); ferr != nil && !errors.Is(ferr, repository.ErrNotHeld) {
+			Error: EncodeJobError(runner.ErrShutdown), Release: t, Progress: &repository.Progress{}}); ferr != nil && !errors.Is(ferr, repository.ErrNotHeld) {
 			s.log.Error("could not fail a job that did not start", "job", job.ID, "error", ferr)
 		}
 		return nil, fmt.Errorf("start %s: %w", job.Kind, errShuttingDown)
