@@ -46,8 +46,8 @@ type NewJob struct {
 	Params      string
 	// Step and StepsTotal are the job's progress as its claim writes it:
 	// the step the job will start first, when the claim already knows it
-	// (its runner then records that step without writing it again), and
-	// the steps it expects.
+	// (its runner then reads that step's row instead of writing it again),
+	// and the steps it expects.
 	Step       string
 	StepsTotal int32
 	Deadline   time.Time

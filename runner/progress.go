@@ -33,7 +33,8 @@ type Progress struct {
 	total   int32  // steps this attempt expects
 	// claimed is the progress the job's claim wrote, when it named the
 	// step the job starts with (repository.NewJob.Step), until the first
-	// Step: a first Step that records just that is not written again.
+	// Step: a first Step that records just that reads the row instead of
+	// writing it again.
 	claimed repository.Progress
 }
 

@@ -247,9 +247,10 @@ func (s *Clusters) admitAndClaim(ctx context.Context, c repository.Cluster, key 
 // firstStep is the step an operation on cluster c (as claimed) starts with,
 // and the steps it expects then, when the cluster tells them (the zero
 // Progress when it does not). The claim records them with the job, so the
-// job's first step writes nothing: one transaction less an operation. A
-// guess the work's own reads prove wrong costs nothing but that saving:
-// the first step then records what it does, as it would have anyway.
+// job's first step reads its row instead of writing it: one transaction
+// less an operation. A guess the work's own reads prove wrong costs nothing
+// but that saving: the first step then records what it does, as it would
+// have anyway.
 type firstStep func(c repository.Cluster) repository.Progress
 
 // onEachMachine is the first step of an operation that begins with step on
